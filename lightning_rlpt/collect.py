@@ -1,0 +1,100 @@
+"""From a batch of prompts to a scored `Experience` (steps 1-3 of the walk in docs/architecture.md)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .experience import Experience
+from .rewards import RewardFunctions
+from .rollout import RolloutEngine, RolloutOutput, left_pad, right_pad
+from .sampling import SamplingConfig
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[str], sampling: SamplingConfig) -> tuple[list[list[int]], int]:
+    """Token ids of each prompt and how many were cut (from the left) to ``max_prompt_length``."""
+    ids = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+    limit = sampling.max_prompt_length
+    if limit is None:
+        return ids, 0
+    too_long = [i for i, row in enumerate(ids) if len(row) > limit]
+    if too_long and sampling.prompt_truncation == "error":
+        i = too_long[0]
+        raise ValueError(f"prompt {i} has {len(ids[i])} tokens, more than max_prompt_length={limit} "
+                         f"({len(too_long)} such prompts in this batch): {prompts[i][:80]!r}. Raise max_prompt_length "
+                         "or set prompt_truncation='left' to keep the last tokens")
+    return [row[-limit:] for row in ids], len(too_long)
+
+
+def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], group_size: int,
+            sampling: SamplingConfig, seed: int, device: torch.device) -> tuple[Experience, int]:
+    """Sample ``group_size`` completions per prompt; returns the experience and the count of
+    truncated prompts."""
+    prompts = list(batch["prompt"])
+    prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
+    rep = [row for row in prompt_ids for _ in range(group_size)]
+    out = engine.generate(rep, sampling, seed)
+    return to_experience(out, rep, tokenizer, batch, group_size, sampling, device), cut
+
+
+def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: Any, batch: dict[str, list[Any]],
+                  group_size: int, sampling: SamplingConfig, device: torch.device) -> Experience:
+    n = len(prompt_rows)
+    if len(out.completion_ids) != n:
+        raise RuntimeError(f"rollout engine returned {len(out.completion_ids)} completions for {n} prompt rows")
+    prompt_ids, prompt_mask = left_pad(prompt_rows, tokenizer.pad_token_id)
+    comp = out.completion_ids
+    eos = tokenizer.eos_token_id
+    width = max(1, max(len(c) for c in comp))
+    completion_ids = right_pad(comp, tokenizer.pad_token_id, torch.long, width)
+    completion_mask = right_pad([[1] * len(c) for c in comp], 0, torch.long, width)
+    truncated = torch.tensor([len(c) == 0 or c[-1] != eos for c in comp])
+    behaviour = right_pad(out.logprobs, 0.0, torch.float32, width) if out.logprobs is not None else None
+    texts = tokenizer.batch_decode([c[:-1] if c and c[-1] == eos else c for c in comp], skip_special_tokens=True)
+    columns = {k: [v for v in vals for _ in range(group_size)] for k, vals in batch.items() if k != "prompt"}
+    prompts = [p for p in batch["prompt"] for _ in range(group_size)]
+    exp = Experience(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+        completion_mask=completion_mask, group_ids=torch.arange(n // group_size).repeat_interleave(group_size),
+        group_size=group_size, prompts=prompts, completions=texts, columns=columns, truncated=truncated,
+        behaviour_logprobs=behaviour,
+    )
+    return move(exp, device)
+
+
+def move(exp: Experience, device: torch.device) -> Experience:
+    for name, value in vars(exp).items():
+        if isinstance(value, torch.Tensor):
+            setattr(exp, name, value.to(device))
+    return exp
+
+
+def score(exp: Experience, rewards: RewardFunctions) -> dict[str, int]:
+    """Fill ``rewards_per_func`` and ``rewards``; return failures per function."""
+    ids = [row[m.bool()].tolist() for row, m in zip(exp.completion_ids.cpu(), exp.completion_mask.cpu())]
+    per_func, failures = rewards(exp.prompts, exp.completions, exp.columns, completion_ids=ids)
+    exp.rewards_per_func = per_func.to(exp.completion_ids.device)
+    exp.rewards = rewards.combine(exp.rewards_per_func)
+    return failures
+
+
+def rollout_metrics(exp: Experience, names: list[str], failures: dict[str, int]) -> dict[str, float]:
+    """TRL's names for what a rollout looked like."""
+    grouped = exp.rewards.view(-1, exp.group_size)
+    group_std = grouped.std(dim=1)
+    lengths = exp.completion_mask.sum(1).float()
+    out = {
+        "reward": exp.rewards.mean().item(),
+        "reward_std": group_std.mean().item(),
+        "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": exp.truncated.float().mean().item(),
+    }
+    for j, name in enumerate(names):
+        col = exp.rewards_per_func[:, j]
+        out[f"rewards/{name}/mean"] = col.mean().item()
+        out[f"rewards/{name}/std"] = col.std().item() if len(col) > 1 else 0.0
+        out[f"rewards/{name}/failures"] = float(failures.get(name, 0))
+    return out

@@ -1,0 +1,70 @@
+"""The RL hook protocol: named moments in a rollout's life where callbacks may act.
+
+For every batch of prompts the module calls, in this order, on every `RLCallback` in the
+order they are listed on the Trainer:
+
+1. ``on_rollout_end(trainer, module, experience)`` — completions sampled and decoded;
+   nothing scored yet.
+2. ``on_rewards_computed(trainer, module, experience)`` — ``rewards`` and
+   ``rewards_per_func`` set. Edit rewards here (reward dithering), or return a smaller
+   `Experience` (dynamic filtering), or record pass rates (curricula).
+3. ``on_advantages_computed(trainer, module, experience)`` — ``advantages``,
+   ``old_logprobs`` / ``ref_logprobs`` (when used) set. Set ``sample_weights``,
+   ``token_weights`` or ``kl_weights`` here.
+4. ``on_before_loss(trainer, module, minibatch)`` — once per optimizer step, on the
+   mini-batch about to be trained on; the place to move the module's knobs
+   (``kl_coef``, ``clip_low``, ``clip_high``) for this step.
+
+A hook edits the experience in place and returns None, or returns a replacement. Optimizer
+moments (``on_before_optimizer_step``, ``on_train_batch_end``) are Lightning's own hooks.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+
+from .experience import Experience
+
+if TYPE_CHECKING:
+    from .module import RLModule
+
+HOOKS = ("on_rollout_end", "on_rewards_computed", "on_advantages_computed", "on_before_loss")
+
+
+class RLCallback(L.Callback):
+    """Base class for callbacks that act on RL moments (see the module docstring for the order).
+
+    Example:
+        >>> class ClampRewards(RLCallback):
+        ...     def on_rewards_computed(self, trainer, module, experience):
+        ...         experience.rewards.clamp_(0, 1)
+    """
+
+    def on_rollout_end(self, trainer: L.Trainer, module: "RLModule", experience: Experience) -> Experience | None:
+        return None
+
+    def on_rewards_computed(self, trainer: L.Trainer, module: "RLModule", experience: Experience) -> Experience | None:
+        return None
+
+    def on_advantages_computed(self, trainer: L.Trainer, module: "RLModule", experience: Experience) -> Experience | None:
+        return None
+
+    def on_before_loss(self, trainer: L.Trainer, module: "RLModule", minibatch: Experience) -> Experience | None:
+        return None
+
+
+def rl_callbacks(trainer: Any) -> list[RLCallback]:
+    callbacks = getattr(trainer, "callbacks", None) or []
+    return [cb for cb in callbacks if isinstance(cb, RLCallback)]
+
+
+def call_hook(trainer: Any, module: "RLModule", hook: str, experience: Experience) -> Experience:
+    """Run ``hook`` on every RL callback in Trainer order; a returned Experience replaces the input."""
+    for cb in rl_callbacks(trainer):
+        result = getattr(cb, hook)(trainer, module, experience)
+        if result is not None:
+            if not isinstance(result, Experience):
+                raise TypeError(f"{type(cb).__name__}.{hook} returned {type(result).__name__}; return an Experience or None")
+            experience = result
+    return experience

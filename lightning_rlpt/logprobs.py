@@ -1,0 +1,65 @@
+"""Per-token log-probs (and entropies) of completions under a causal LM.
+
+The decoder runs once; the LM head then scores only the completion positions. With a plain
+``nn.Linear`` head the fused kernel (`lightning_rlpt.kernels.fused_logprobs`) computes
+log-probs and entropy tile by tile without an ``[N, C, V]`` logits buffer; any other head
+(LoRA on ``lm_head``, soft-capped logits) takes the plain path.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as ``generate`` computes them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_len: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    use_fused_kernel: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[N, C]`` of the last ``completion_len`` tokens, and (detached) entropies.
+
+    Logits are divided by ``temperature`` so that they describe the distribution the rollout
+    sampled from.
+    """
+    hidden = model.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
+        use_cache=False,
+    ).last_hidden_state
+    hidden = hidden[:, -completion_len - 1 : -1]
+    targets = input_ids[:, -completion_len:]
+    head = model.get_output_embeddings()
+    if use_fused_kernel and type(head) is nn.Linear and _fused() is not None:
+        logp, ent = _fused()(hidden, head.weight, targets, bias=head.bias, temperature=temperature,
+                             return_entropy=with_entropy)
+        return logp, (ent.detach() if ent is not None else None)
+    return plain_head_logprobs(hidden, head, targets, temperature, with_entropy)
+
+
+def plain_head_logprobs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, temperature: float,
+                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits = head(hidden).float() / temperature
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def _fused():
+    try:
+        from lightning_rlpt.kernels import fused_logprobs
+    except ImportError:
+        return None
+    return fused_logprobs

@@ -1,0 +1,322 @@
+"""`RLModule`: GRPO-family RL post-training of a Hugging Face causal LM as a LightningModule."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import lightning as L
+import torch
+from torch import nn
+
+from . import collect
+from .advantages import ADVANTAGE_ESTIMATORS, check_group_size, compute_advantages
+from .aggregation import aggregate_loss, check_aggregation
+from .experience import Experience
+from .hooks import call_hook
+from .kl import KL_ESTIMATORS, kl_value
+from .logprobs import completion_logprobs
+from .metrics import PassAtK
+from .mismatch import check_mode, correction_weights, mismatch_metrics
+from .models import frozen_copy, is_peft, load_policy, load_tokenizer, reference_context
+from .objectives import resolve_objective
+from .policy_losses import POLICY_LOSSES
+from .rewards import RewardFunctions
+from .rollout import HFGenerateEngine, RolloutEngine
+from .sampling import SamplingConfig
+
+
+class RLModule(L.LightningModule):
+    """RL post-training (GRPO, DAPO, Dr. GRPO, ...) of any Hugging Face causal LM.
+
+    Each training batch of prompts is rolled out (``group_size`` completions per prompt), scored
+    by the reward functions, turned into advantages and trained on for ``updates_per_rollout``
+    passes of mini-batches, one optimizer step each (manual optimization). Without a rollout
+    callback on the Trainer, completions come from ``transformers.generate`` on the policy.
+
+    Args:
+        model: a hub id, a local directory, or an ``nn.Module`` (then pass ``tokenizer``).
+        reward_funcs: ``fn(prompts, completions, **columns) -> list[float]`` or a list of them.
+        objective: a preset (``grpo``, ``dapo``, ``dr_grpo``) or a policy-loss name.
+        group_size: completions per prompt, G.
+        kl_coef: β of the KL-to-reference term (None: the preset's). 0 builds no reference.
+        kl_estimator: ``k1`` (default; exact reverse-KL gradient), ``k2`` or ``k3``; see `kl`.
+        advantage / policy_loss / loss_aggregation / clip_low / clip_high / dual_clip: override
+            the preset.
+        advantage_kwargs / policy_loss_kwargs: extra options for the selected functions.
+        reward_weights: one weight per reward function.
+        reward_on_error: ``raise`` or ``zero`` (score failing samples 0, count them).
+        tokenizer: a tokenizer or path (default: from ``model``).
+        lora: a ``peft.LoraConfig`` or dict of its arguments; None trains all weights.
+        quantization: ``"nf4"``/``"fp4"`` loads the base in 4 bits (QLoRA; needs ``lora``).
+        torch_dtype: dtype to load the model in (default float32).
+        generation: `SamplingConfig` or dict for training rollouts.
+        val_generation: for validation (default greedy, same budget).
+        val_samples: completions per validation prompt (pass@k for k in ``val_pass_k``).
+        success_threshold: a completion counts as correct when its total reward ≥ this.
+        updates_per_rollout: μ, passes over each rollout (> 1 reuses the stored old log-probs).
+        minibatch_size: sequences per optimizer step (default: the whole rollout).
+        lr / weight_decay / betas / max_grad_norm: AdamW and gradient clipping.
+        reference: force (True) or forbid (False) a reference model; None: when ``kl_coef > 0``.
+        use_fused_kernel: compute log-probs with the fused kernel where the head allows.
+        rollout_correction: train/inference mismatch correction when the engine reports
+            behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
+            (see `mismatch`); ``rollout_correction_cap`` is its cap.
+        seed: seeds the rollout sampling stream (checkpointed).
+
+    Example:
+        >>> module = RLModule("path/to/model", reward_funcs=[my_reward], objective="grpo", group_size=8)  # doctest: +SKIP
+        >>> L.Trainer(max_steps=100).fit(module, datamodule=PromptDataModule("prompts.jsonl"))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module,
+        reward_funcs: Any,
+        *,
+        objective: str = "grpo",
+        group_size: int = 8,
+        kl_coef: float | None = None,
+        kl_estimator: str = "k1",
+        advantage: str | None = None,
+        policy_loss: str | None = None,
+        loss_aggregation: str | None = None,
+        clip_low: float | None = None,
+        clip_high: float | None = None,
+        dual_clip: float | None = None,
+        advantage_kwargs: dict[str, Any] | None = None,
+        policy_loss_kwargs: dict[str, Any] | None = None,
+        reward_weights: Sequence[float] | None = None,
+        reward_on_error: str = "raise",
+        tokenizer: Any = None,
+        lora: Any = None,
+        quantization: str | None = None,
+        torch_dtype: Any = None,
+        gradient_checkpointing: bool = False,
+        generation: SamplingConfig | dict | None = None,
+        val_generation: SamplingConfig | dict | None = None,
+        val_samples: int = 1,
+        val_pass_k: Sequence[int] | None = None,
+        success_threshold: float = 1.0,
+        updates_per_rollout: int = 1,
+        minibatch_size: int | None = None,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        max_grad_norm: float | None = 1.0,
+        reference: bool | None = None,
+        use_fused_kernel: bool = True,
+        rollout_correction: str | None = "token_tis",
+        rollout_correction_cap: float = 2.0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora"])
+        self.automatic_optimization = False
+        cfg = resolve_objective(objective, dict(
+            policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
+            clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef))
+        POLICY_LOSSES.get(cfg["policy_loss"]), ADVANTAGE_ESTIMATORS.get(cfg["advantage"]), KL_ESTIMATORS.get(kl_estimator)
+        check_aggregation(cfg["loss_aggregation"])
+        check_group_size(cfg["advantage"], group_size)
+        self._check_numbers(cfg, updates_per_rollout, minibatch_size, val_samples)
+        check_mode(rollout_correction, rollout_correction_cap)
+        self.cfg = cfg
+        self.group_size, self.kl_estimator = group_size, kl_estimator
+        # Public knobs that callbacks may move (see hooks.py).
+        self.kl_coef: float = float(cfg["kl_coef"])
+        self.clip_low: float = float(cfg["clip_low"])
+        self.clip_high: float = float(cfg["clip_high"])
+        self.advantage_kwargs = dict(advantage_kwargs or {})
+        self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
+        # Set by callbacks that need the reference's per-token entropy (``info["ref_entropy"]``).
+        self.compute_ref_entropy = False
+        self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error)
+        self.sampling = SamplingConfig.coerce(generation)
+        self.val_sampling = SamplingConfig.coerce(
+            val_generation if val_generation is not None else {**self.sampling.to_dict(), "temperature": 0.0})
+        if self.sampling.temperature <= 0:
+            raise ValueError("training rollouts must sample: generation temperature must be > 0")
+        self.tokenizer = load_tokenizer(model, tokenizer)
+        self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
+                                  gradient_checkpointing=gradient_checkpointing)
+        self.use_reference = self.kl_coef > 0 if reference is None else bool(reference)
+        # Full fine-tuning keeps a frozen copy; LoRA/QLoRA use the base with adapters disabled.
+        self.reference = frozen_copy(self.policy) if self.use_reference and not is_peft(self.policy) else None
+        self.rollout_engine: RolloutEngine | None = None
+        self.policy_version = 0
+        self.rng = torch.Generator().manual_seed(seed)
+        ks = sorted(set(val_pass_k or ([1, val_samples] if val_samples > 1 else [1])))
+        if max(ks) > val_samples:
+            raise ValueError(f"val_pass_k={ks} asks for more samples than val_samples={val_samples}")
+        self.val_pass = nn.ModuleDict({str(k): PassAtK(k) for k in ks})
+
+    @staticmethod
+    def _check_numbers(cfg: dict, mu: int, minibatch: int | None, val_samples: int) -> None:
+        if mu < 1:
+            raise ValueError(f"updates_per_rollout must be >= 1 (got {mu})")
+        if minibatch is not None and minibatch < 1:
+            raise ValueError(f"minibatch_size must be >= 1 or None (got {minibatch})")
+        if cfg["kl_coef"] < 0:
+            raise ValueError(f"kl_coef must be >= 0 (got {cfg['kl_coef']})")
+        if not (0 <= cfg["clip_low"] < 1 and cfg["clip_high"] >= 0):
+            raise ValueError(f"clip ranges must satisfy 0 <= clip_low < 1 and clip_high >= 0 (got {cfg['clip_low']}, {cfg['clip_high']})")
+        if val_samples < 1:
+            raise ValueError(f"val_samples must be >= 1 (got {val_samples})")
+
+    # ---------------------------------------------------------------- Lightning plumbing
+    @property
+    def engine(self) -> RolloutEngine:
+        if self.rollout_engine is None:
+            self.rollout_engine = HFGenerateEngine(self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        return self.rollout_engine
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
+                                 betas=tuple(self.hparams.betas))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lightning_rlpt"] = {"rng": self.rng.get_state(), "policy_version": self.policy_version,
+                                        "kl_coef": self.kl_coef, "clip_low": self.clip_low, "clip_high": self.clip_high}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("lightning_rlpt")
+        if state:
+            self.rng.set_state(state["rng"])
+            self.policy_version = state["policy_version"]
+            self.kl_coef, self.clip_low, self.clip_high = state["kl_coef"], state["clip_low"], state["clip_high"]
+
+    def _next_seed(self) -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=self.rng).item())
+
+    # ---------------------------------------------------------------- experience
+    def make_experience(self, batch: dict[str, list[Any]]) -> Experience | None:
+        """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
+        exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling,
+                                   self._next_seed(), self.device)
+        exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
+        exp = call_hook(self.trainer, self, "on_rollout_end", exp)
+        failures = collect.score(exp, self.rewards)
+        self._log_dict({**collect.rollout_metrics(exp, self.rewards.names, failures), "prompts/truncated": float(cut)})
+        exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
+        if len(exp) == 0:
+            return None
+        self._fill_logprobs(exp)
+        exp.advantages = compute_advantages(self.cfg["advantage"], exp.rewards, self.group_size, **self.advantage_kwargs)
+        return call_hook(self.trainer, self, "on_advantages_computed", exp)
+
+    @torch.no_grad()
+    def _fill_logprobs(self, exp: Experience) -> None:
+        """Old log-probs when the rollout is reused (μ > 1, several mini-batches) or must be
+        compared with the engine's; reference ones (and entropies on request) for KL."""
+        reused = self.hparams.updates_per_rollout > 1 or self._num_minibatches(len(exp)) > 1
+        if reused or exp.behaviour_logprobs is not None:
+            exp.old_logprobs = self._logprobs(self.policy, exp)[0]
+        if exp.behaviour_logprobs is not None:
+            self._log_dict(mismatch_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.completion_mask.float()))
+        if self.use_reference:
+            with reference_context(self.policy, self.reference) as ref:
+                exp.ref_logprobs, ref_entropy = self._logprobs(ref, exp, with_entropy=self.compute_ref_entropy)
+            if ref_entropy is not None:
+                exp.info["ref_entropy"] = ref_entropy
+
+    def _logprobs(self, model: nn.Module, exp: Experience, with_entropy: bool = False):
+        return completion_logprobs(model, exp.input_ids, exp.attention_mask, exp.completion_ids.shape[1],
+                                   temperature=self.sampling.temperature, with_entropy=with_entropy,
+                                   use_fused_kernel=self.hparams.use_fused_kernel)
+
+    def _num_minibatches(self, n: int) -> int:
+        size = self.hparams.minibatch_size or n
+        return -(-n // size)
+
+    # ---------------------------------------------------------------- training
+    def training_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
+        exp = self.make_experience(batch)
+        if exp is None:
+            return None
+        opt = self.optimizers()
+        totals: dict[str, float] = {}
+        steps = 0
+        for minibatch in self._minibatches(exp):
+            minibatch = call_hook(self.trainer, self, "on_before_loss", minibatch)
+            loss, stats = self.loss(minibatch)
+            opt.zero_grad()
+            self.manual_backward(loss)
+            if self.hparams.max_grad_norm:
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.policy.parameters() if p.requires_grad], self.hparams.max_grad_norm))
+            opt.step()
+            self.policy_version += 1
+            self.engine.sync_weights(self, self.policy_version)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+            steps += 1
+        self._log_dict({k: v / steps for k, v in totals.items()}, prog_bar_keys=("reward", "kl", "entropy"))
+
+    def _minibatches(self, exp: Experience):
+        n = len(exp)
+        size = self.hparams.minibatch_size or n
+        for _ in range(self.hparams.updates_per_rollout):
+            order = torch.randperm(n, generator=self.rng) if size < n else torch.arange(n)
+            for start in range(0, n, size):
+                yield exp.select(order[start:start + size])
+
+    def loss(self, mb: Experience) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective on one mini-batch, normalised by the global (all-rank) batch counts."""
+        mask = mb.completion_mask.float()
+        logp, entropy = self._logprobs(self.policy, mb, with_entropy=True)
+        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        loss_fn = POLICY_LOSSES.get(self.cfg["policy_loss"])
+        per_token, stats = loss_fn(
+            logp, old, mb.advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
+            dual_clip=self.cfg["dual_clip"], behaviour_logprobs=mb.behaviour_logprobs,
+            staleness=self.policy_version - mb.policy_version, **self.policy_loss_kwargs)
+        metrics = {f"{k}_mean": masked_mean(v, mask) for k, v in stats.items()}
+        metrics["entropy"] = masked_mean(entropy, mask)
+        if mb.ref_logprobs is not None:
+            metrics["kl"] = masked_mean(kl_value(logp, mb.ref_logprobs), mask)
+            if self.kl_coef > 0:
+                kl_tok = KL_ESTIMATORS.get(self.kl_estimator)(logp, mb.ref_logprobs, old, mask)
+                kl_w = mb.kl_weights.unsqueeze(-1) if mb.kl_weights is not None else 1.0
+                per_token = per_token + self.kl_coef * kl_w * kl_tok
+        correction = self.hparams.rollout_correction
+        if correction is not None and mb.behaviour_logprobs is not None:
+            per_token = per_token * correction_weights(old, mb.behaviour_logprobs, mask, correction,
+                                                       self.hparams.rollout_correction_cap)
+        if mb.token_weights is not None:
+            per_token = per_token * mb.token_weights
+        if mb.sample_weights is not None:
+            per_token = per_token * mb.sample_weights.unsqueeze(-1)
+        loss = self._aggregate(per_token, mask)
+        metrics["loss"] = loss.item()
+        return loss, metrics
+
+    def _aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        world = self.trainer.world_size if self._trainer is not None else 1
+        counts = torch.tensor([mask.sum().item(), float(mask.shape[0])], device=mask.device)
+        if world > 1:
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
+        return world * aggregate_loss(per_token, mask, self.cfg["loss_aggregation"], num_tokens=counts[0].item(),
+                                      num_seqs=counts[1].item(), norm_length=self.sampling.max_new_tokens)
+
+    # ---------------------------------------------------------------- validation
+    def validation_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
+        n = self.hparams.val_samples
+        seed = self.hparams.seed * 1_000_003 + batch_idx
+        exp, _ = collect.rollout(self.engine, self.tokenizer, batch, n, self.val_sampling, seed, self.device)
+        collect.score(exp, self.rewards)
+        correct = (exp.rewards >= self.hparams.success_threshold).view(-1, n)
+        for k, metric in self.val_pass.items():
+            metric.update(correct)
+            self.log(f"val/pass@{k}", metric, on_epoch=True, batch_size=correct.shape[0])
+        self.log("val/accuracy", correct.float().mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
+        self.log("val/reward", exp.rewards.mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
+
+    def _log_dict(self, values: dict[str, float], prog_bar_keys: Sequence[str] = ("reward",)) -> None:
+        for k, v in values.items():
+            self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in prog_bar_keys, sync_dist=True,
+                     batch_size=1)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((values.float() * mask).sum() / mask.sum().clamp(min=1))
