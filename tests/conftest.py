@@ -1,0 +1,69 @@
+"""Shared fixtures: tiny real models (head_dim 64, so vLLM's CPU backend runs them too)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARITHMETIC = os.path.join(ROOT, "examples", "arithmetic")
+sys.path.insert(0, ARITHMETIC)
+
+import task  # noqa: E402  (examples/arithmetic/task.py)
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def warm_start_dir() -> str:
+    """The shipped 2-digit-addition warm start (Llama, 2 × 128, vocab 15)."""
+    return os.path.join(ARITHMETIC, "warm_start")
+
+
+@pytest.fixture(scope="session")
+def arithmetic_rows() -> list[dict[str, str]]:
+    train, _ = task.split_pairs()
+    return task.rows(train[:64])
+
+
+@pytest.fixture(scope="session")
+def held_out_rows() -> list[dict[str, str]]:
+    _, held = task.split_pairs()
+    return task.rows(held[:32])
+
+
+def _save(model, tmp_path_factory, name: str) -> str:
+    path = str(tmp_path_factory.mktemp(name))
+    model.save_pretrained(path)
+    task.build_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> str:
+    """A randomly initialised tiny Llama saved with the arithmetic tokenizer."""
+    return _save(task.build_model(seed=1), tmp_path_factory, "llama")
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(2)
+    config = Qwen2Config(vocab_size=15, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=64,
+                         bos_token_id=task.BOS_ID, eos_token_id=task.EOS_ID, pad_token_id=task.PAD_ID,
+                         tie_word_embeddings=True)
+    return _save(Qwen2ForCausalLM(config), tmp_path_factory, "qwen2")
+
+
+def quiet_trainer(**kwargs):
+    """A CPU Trainer without the noise (no progress bar, summary or checkpoints unless asked)."""
+    import lightning as L
+
+    defaults = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                    enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                    log_every_n_steps=1)
+    return L.Trainer(**{**defaults, **kwargs})
