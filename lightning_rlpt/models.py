@@ -33,8 +33,10 @@ def load_tokenizer(model: str | nn.Module, tokenizer: Any | None):
 
 
 def load_policy(model: str | nn.Module, *, lora: Any = None, quantization: str | None = None,
-                torch_dtype: torch.dtype | str | None = None, gradient_checkpointing: bool = False) -> nn.Module:
-    """The trainable policy: a HF causal LM, with a peft LoRA adapter when ``lora`` is given."""
+                torch_dtype: torch.dtype | str | None = None, gradient_checkpointing: bool = False,
+                seed: int = 0) -> nn.Module:
+    """The trainable policy: a HF causal LM, with a peft LoRA adapter when ``lora`` is given
+    (its random init drawn from ``seed``, so two runs with the same seed start equal)."""
     if quantization is not None:
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)} (4-bit, bitsandbytes)")
@@ -48,7 +50,9 @@ def load_policy(model: str | nn.Module, *, lora: Any = None, quantization: str |
     if gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None:
-        policy = _add_lora(policy, lora)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            policy = _add_lora(policy, lora)
     return policy
 
 

@@ -60,7 +60,7 @@ class RLModule(L.LightningModule):
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
             (see `mismatch`); ``rollout_correction_cap`` is its cap.
-        seed: seeds the rollout sampling stream (checkpointed).
+        seed: seeds the rollout sampling stream (checkpointed) and the LoRA initialisation.
 
     Example:
         >>> module = RLModule("path/to/model", reward_funcs=[my_reward], objective="grpo", group_size=8)  # doctest: +SKIP
@@ -137,7 +137,7 @@ class RLModule(L.LightningModule):
             raise ValueError("training rollouts must sample: generation temperature must be > 0")
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
-                                  gradient_checkpointing=gradient_checkpointing)
+                                  gradient_checkpointing=gradient_checkpointing, seed=seed)
         self.use_reference = self.kl_coef > 0 if reference is None else bool(reference)
         # Full fine-tuning keeps a frozen copy; LoRA/QLoRA use the base with adapters disabled.
         self.reference = frozen_copy(self.policy) if self.use_reference and not is_peft(self.policy) else None
