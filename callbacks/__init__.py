@@ -18,6 +18,7 @@ _WHERE = {
     "ESSScaledLR": "ess_scaled_lr",
     "RewardDithering": "reward_dithering",
     "BAPO": "bapo",
+    "CompletionSamples": "completion_samples",
 }
 
 __all__ = ["RLCallback", *_WHERE]
