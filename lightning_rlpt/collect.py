@@ -27,13 +27,18 @@ def tokenize_prompts(tokenizer: Any, prompts: list[str], sampling: SamplingConfi
 
 
 def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], group_size: int,
-            sampling: SamplingConfig, seed: int, device: torch.device) -> tuple[Experience, int]:
+            sampling: SamplingConfig, seed: int, device: torch.device,
+            seed_per_prompt: bool = False) -> tuple[Experience, int]:
     """Sample ``group_size`` completions per prompt; returns the experience and the count of
-    truncated prompts."""
+    truncated prompts. With ``seed_per_prompt`` each group's seed comes from ``seed`` and the
+    prompt's dataset ``index``, so samples do not depend on batch composition or layout."""
     prompts = list(batch["prompt"])
     prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
     rep = [row for row in prompt_ids for _ in range(group_size)]
-    out = engine.generate(rep, sampling, seed)
+    seeds: int | list[int] = seed
+    if seed_per_prompt:
+        seeds = [(seed + 1_000_003 * int(i)) % 2**62 for i in batch["index"] for _ in range(group_size)]
+    out = engine.generate(rep, sampling, seeds)
     return to_experience(out, rep, tokenizer, batch, group_size, sampling, device), cut
 
 
@@ -78,23 +83,23 @@ def score(exp: Experience, rewards: RewardFunctions) -> dict[str, int]:
     return failures
 
 
-def rollout_metrics(exp: Experience, names: list[str], failures: dict[str, int]) -> dict[str, float]:
-    """TRL's names for what a rollout looked like."""
-    grouped = exp.rewards.view(-1, exp.group_size)
-    group_std = grouped.std(dim=1)
-    lengths = exp.completion_mask.sum(1).float()
+def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,
+                    group_size: int, names: list[str], failures: torch.Tensor) -> dict[str, float]:
+    """TRL's names for what a rollout looked like (pass tensors gathered from every rank)."""
+    group_std = rewards.view(-1, group_size).std(dim=1)
+    lengths = lengths.float()
     out = {
-        "reward": exp.rewards.mean().item(),
+        "reward": rewards.mean().item(),
         "reward_std": group_std.mean().item(),
         "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),
         "completions/max_length": lengths.max().item(),
-        "completions/clipped_ratio": exp.truncated.float().mean().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
     }
     for j, name in enumerate(names):
-        col = exp.rewards_per_func[:, j]
+        col = per_func[:, j]
         out[f"rewards/{name}/mean"] = col.mean().item()
         out[f"rewards/{name}/std"] = col.std().item() if len(col) > 1 else 0.0
-        out[f"rewards/{name}/failures"] = float(failures.get(name, 0))
+        out[f"rewards/{name}/failures"] = float(failures[j])
     return out

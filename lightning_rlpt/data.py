@@ -6,7 +6,8 @@ from typing import Any, Iterator, Sequence
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 DataSource = Any  # path (.jsonl/.json/.parquet/.csv or a saved datasets dir), datasets.Dataset, list
 
@@ -75,24 +76,46 @@ def collate_prompts(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {k: [it[k] for it in items] for k in items[0]}
 
 
-class EpochSampler(Sampler[int]):
-    """Shuffles with ``seed + epoch`` (Lightning calls ``set_epoch``), so any epoch's order can
-    be rebuilt after a restart."""
+class EpochSampler(DistributedSampler):
+    """Prompt order for one rank: seeded by ``seed + epoch`` and cut into *global* batches.
 
-    def __init__(self, n: int, shuffle: bool, seed: int):
-        self.n, self.shuffle, self.seed, self.epoch = n, shuffle, seed, 0
+    Global batch k holds the same prompts whatever the number of ranks: rank r of w takes slice
+    ``[k·B + r·b, k·B + (r+1)·b)`` of the epoch's permutation, with b the per-rank and
+    B = w·b the global batch size. So a 2-process run trains on exactly the prompts of a
+    1-process run with twice the batch size. With several ranks an incomplete last global
+    batch is dropped, so every rank runs the same number of steps. A ``DistributedSampler``
+    subclass, so Lightning keeps it instead of wrapping it in its own.
+    """
+
+    def __init__(self, n: int, shuffle: bool, seed: int, batch_size: int = 1):
+        self.n, self.shuffle, self.seed, self.batch_size, self.epoch = n, shuffle, seed, batch_size, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[int]:
+    @staticmethod
+    def _layout() -> tuple[int, int]:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def _order(self) -> list[int]:
         if not self.shuffle:
-            return iter(range(self.n))
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
+            return list(range(self.n))
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        rank, world = self._layout()
+        order, b = self._order(), self.batch_size
+        if world == 1:
+            return iter(order)
+        step = world * b
+        full = (self.n // step) * step
+        return iter([order[k + rank * b + j] for k in range(0, full, step) for j in range(b)])
 
     def __len__(self) -> int:
-        return self.n
+        rank, world = self._layout()
+        return self.n if world == 1 else (self.n // (world * self.batch_size)) * self.batch_size
 
 
 class ResumableLoader(DataLoader):
@@ -130,7 +153,9 @@ class PromptDataModule(L.LightningDataModule):
         val_data: validation prompts (same forms); or use ``val_fraction``.
         val_fraction: hold out this fraction of ``data`` (seeded) when ``val_data`` is None.
         prompt_column / columns: see `PromptDataset`.
-        batch_size: prompts per training batch (each gets ``group_size`` completions).
+        batch_size: prompts per training batch and rank (each gets ``group_size`` completions);
+            a step over w ranks trains on the same w·batch_size prompts that one rank with
+            batch size w·batch_size would (see `EpochSampler`).
         val_batch_size: prompts per validation batch (default ``batch_size``).
         shuffle: shuffle training prompts each epoch (seeded by ``seed + epoch``).
 
@@ -170,7 +195,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
-        sampler = EpochSampler(len(self.train_set), self.shuffle, self.seed)
+        sampler = EpochSampler(len(self.train_set), self.shuffle, self.seed, self.batch_size)
         return ResumableLoader(self.train_set, batch_size=self.batch_size, sampler=sampler,
                                collate_fn=collate_prompts, num_workers=self.num_workers)
 

@@ -3,12 +3,16 @@
 The decoder runs once; the LM head then scores only the completion positions. With a plain
 ``nn.Linear`` head the fused kernel (`lightning_rlpt.kernels.fused_logprobs`) computes
 log-probs and entropy tile by tile without an ``[N, C, V]`` logits buffer; any other head
-(LoRA on ``lm_head``, soft-capped logits) takes the plain path.
+(LoRA on ``lm_head``, soft-capped logits) takes the plain path. An FSDP2-sharded model runs
+its root forward instead (``logits_to_keep`` trims the logits to the completion), so FSDP's
+hooks gather every parameter, the LM head included; the fused kernel is not used there.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .distributed import is_sharded
 
 
 def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -31,24 +35,25 @@ def completion_logprobs(
     Logits are divided by ``temperature`` so that they describe the distribution the rollout
     sampled from.
     """
-    hidden = model.get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
-        use_cache=False,
-    ).last_hidden_state
-    hidden = hidden[:, -completion_len - 1 : -1]
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
+                  use_cache=False)
     targets = input_ids[:, -completion_len:]
+    if is_sharded(model):
+        logits = model(**inputs, logits_to_keep=completion_len + 1).logits[:, :-1]
+        return logits_logprobs(logits, targets, temperature, with_entropy)
+    hidden = model.get_decoder()(**inputs).last_hidden_state[:, -completion_len - 1 : -1]
     head = model.get_output_embeddings()
     if use_fused_kernel and type(head) is nn.Linear and _fused() is not None:
         logp, ent = _fused()(hidden, head.weight, targets, bias=head.bias, temperature=temperature,
                              return_entropy=with_entropy)
         return logp, (ent.detach() if ent is not None else None)
-    return plain_head_logprobs(hidden, head, targets, temperature, with_entropy)
+    return logits_logprobs(head(hidden), targets, temperature, with_entropy)
 
 
-def plain_head_logprobs(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, temperature: float,
-                        with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logits = head(hidden).float() / temperature
-    logp_all = logits.log_softmax(-1)
+def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The plain path: full ``[N, C, V]`` logits, log-softmax, gather."""
+    logp_all = (logits.float() / temperature).log_softmax(-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:

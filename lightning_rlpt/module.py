@@ -10,6 +10,7 @@ from torch import nn
 from . import collect
 from .advantages import ADVANTAGE_ESTIMATORS, check_group_size, compute_advantages
 from .aggregation import aggregate_loss, check_aggregation
+from .distributed import is_model_parallel, shard_with_fsdp2
 from .experience import Experience
 from .hooks import call_hook
 from .kl import KL_ESTIMATORS, kl_value
@@ -61,6 +62,9 @@ class RLModule(L.LightningModule):
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
             (see `mismatch`); ``rollout_correction_cap`` is its cap.
         seed: seeds the rollout sampling stream (checkpointed) and the LoRA initialisation.
+        seed_per_prompt: derive each prompt's sampling seed from the rollout seed and the
+            prompt's dataset index, so completions do not depend on how prompts are batched or
+            spread over ranks (the HF engine then generates group by group: slower).
 
     Example:
         >>> module = RLModule("path/to/model", reward_funcs=[my_reward], objective="grpo", group_size=8)  # doctest: +SKIP
@@ -107,6 +111,7 @@ class RLModule(L.LightningModule):
         rollout_correction: str | None = "token_tis",
         rollout_correction_cap: float = 2.0,
         seed: int = 0,
+        seed_per_prompt: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora"])
@@ -169,6 +174,15 @@ class RLModule(L.LightningModule):
             self.rollout_engine = HFGenerateEngine(self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
         return self.rollout_engine
 
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy``, shard the policy (and a full-FT reference) with FSDP2."""
+        if is_model_parallel(self._trainer) and not getattr(self, "_sharded", False):
+            mesh = self.device_mesh["data_parallel"]
+            shard_with_fsdp2(self.policy, mesh)
+            if self.reference is not None:
+                shard_with_fsdp2(self.reference, mesh)
+            self._sharded = True
+
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
@@ -192,17 +206,28 @@ class RLModule(L.LightningModule):
     def make_experience(self, batch: dict[str, list[Any]]) -> Experience | None:
         """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
         exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling,
-                                   self._next_seed(), self.device)
+                                   self._next_seed(), self.device, self.hparams.seed_per_prompt)
         exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
         exp = call_hook(self.trainer, self, "on_rollout_end", exp)
         failures = collect.score(exp, self.rewards)
-        self._log_dict({**collect.rollout_metrics(exp, self.rewards.names, failures), "prompts/truncated": float(cut)})
+        self._log_rollout(exp, failures, cut)
         exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
         if len(exp) == 0:
             return None
         self._fill_logprobs(exp)
         exp.advantages = compute_advantages(self.cfg["advantage"], exp.rewards, self.group_size, **self.advantage_kwargs)
         return call_hook(self.trainer, self, "on_advantages_computed", exp)
+
+    def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
+        """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""
+        counts = torch.tensor([*failures.values(), cut], dtype=torch.float32, device=self.device)
+        parts = [exp.rewards, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated, counts]
+        if self.trainer.world_size > 1:
+            parts = [g.flatten(0, 1) for g in self.all_gather(parts[:4])] + [self.all_gather(counts).sum(0)]
+        rewards, per_func, lengths, truncated, counts = parts
+        metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
+                                          counts[:-1])
+        self._log_dict({**metrics, "prompts/truncated": float(counts[-1])}, sync=False)
 
     @torch.no_grad()
     def _fill_logprobs(self, exp: Experience) -> None:
@@ -263,6 +288,13 @@ class RLModule(L.LightningModule):
     def loss(self, mb: Experience) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on one mini-batch, normalised by the global (all-rank) batch counts."""
         mask = mb.completion_mask.float()
+        tokens, seqs = self._global_counts(mask)
+        world = self.trainer.world_size if self._trainer is not None else 1
+
+        def token_mean(values: torch.Tensor) -> float:
+            # × world / global tokens, then the mean over ranks at logging = the global token mean
+            return float((values.detach().float() * mask).sum()) * world / max(tokens, 1.0)
+
         logp, entropy = self._logprobs(self.policy, mb, with_entropy=True)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         loss_fn = POLICY_LOSSES.get(self.cfg["policy_loss"])
@@ -270,10 +302,10 @@ class RLModule(L.LightningModule):
             logp, old, mb.advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
             dual_clip=self.cfg["dual_clip"], behaviour_logprobs=mb.behaviour_logprobs,
             staleness=self.policy_version - mb.policy_version, **self.policy_loss_kwargs)
-        metrics = {f"{k}_mean": masked_mean(v, mask) for k, v in stats.items()}
-        metrics["entropy"] = masked_mean(entropy, mask)
+        metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
+        metrics["entropy"] = token_mean(entropy)
         if mb.ref_logprobs is not None:
-            metrics["kl"] = masked_mean(kl_value(logp, mb.ref_logprobs), mask)
+            metrics["kl"] = token_mean(kl_value(logp, mb.ref_logprobs))
             if self.kl_coef > 0:
                 kl_tok = KL_ESTIMATORS.get(self.kl_estimator)(logp, mb.ref_logprobs, old, mask)
                 kl_w = mb.kl_weights.unsqueeze(-1) if mb.kl_weights is not None else 1.0
@@ -286,18 +318,18 @@ class RLModule(L.LightningModule):
             per_token = per_token * mb.token_weights
         if mb.sample_weights is not None:
             per_token = per_token * mb.sample_weights.unsqueeze(-1)
-        loss = self._aggregate(per_token, mask)
-        metrics["loss"] = loss.item()
+        # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
+        loss = world * aggregate_loss(per_token, mask, self.cfg["loss_aggregation"], num_tokens=tokens,
+                                      num_seqs=seqs, norm_length=self.sampling.max_new_tokens)
+        metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
         return loss, metrics
 
-    def _aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        world = self.trainer.world_size if self._trainer is not None else 1
+    def _global_counts(self, mask: torch.Tensor) -> tuple[float, float]:
+        """Unmasked tokens and sequences of this optimizer step over all ranks."""
         counts = torch.tensor([mask.sum().item(), float(mask.shape[0])], device=mask.device)
-        if world > 1:
+        if self._trainer is not None and self.trainer.world_size > 1:
             counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
-        return world * aggregate_loss(per_token, mask, self.cfg["loss_aggregation"], num_tokens=counts[0].item(),
-                                      num_seqs=counts[1].item(), norm_length=self.sampling.max_new_tokens)
+        return counts[0].item(), counts[1].item()
 
     # ---------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
@@ -312,11 +344,9 @@ class RLModule(L.LightningModule):
         self.log("val/accuracy", correct.float().mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
         self.log("val/reward", exp.rewards.mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
 
-    def _log_dict(self, values: dict[str, float], prog_bar_keys: Sequence[str] = ("reward",)) -> None:
+    def _log_dict(self, values: dict[str, float], prog_bar_keys: Sequence[str] = ("reward",), sync: bool = True) -> None:
+        """Log per step; with ``sync`` the value is reduced over ranks (min/max for */min, */max)."""
         for k, v in values.items():
-            self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in prog_bar_keys, sync_dist=True,
-                     batch_size=1)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((values.float() * mask).sum() / mask.sum().clamp(min=1))
+            reduce = "min" if k.endswith("/min") else "max" if k.endswith("/max") else "mean"
+            self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in prog_bar_keys, sync_dist=sync,
+                     reduce_fx=reduce, batch_size=1)

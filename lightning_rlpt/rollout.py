@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .distributed import is_sharded, world_size
 from .sampling import SamplingConfig
 
 
@@ -32,7 +33,8 @@ class RolloutEngine:
 
     policy_version: int = 0
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> RolloutOutput:
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int | list[int]) -> RolloutOutput:
+        """``seed`` is one seed for the call, or one per row (rows sharing a seed are sampled together)."""
         raise NotImplementedError
 
     def sync_weights(self, module: nn.Module, step: int) -> None:
@@ -61,8 +63,15 @@ class HFGenerateEngine(RolloutEngine):
         self.pad_token_id = pad_token_id
         self.return_logprobs = return_logprobs
 
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int | list[int]) -> RolloutOutput:
+        if isinstance(seed, int):
+            return self._generate(prompt_ids, sampling, seed)
+        parts = [self._generate(prompt_ids[a:b], sampling, seed[a]) for a, b in runs_of_equal(seed)]
+        logprobs = None if not self.return_logprobs else [lp for p in parts for lp in p.logprobs]
+        return RolloutOutput([c for p in parts for c in p.completion_ids], logprobs)
+
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> RolloutOutput:
+    def _generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> RolloutOutput:
         device = next(self.policy.parameters()).device
         ids, mask = left_pad(prompt_ids, self.pad_token_id, device)
         was_training = self.policy.training
@@ -74,7 +83,8 @@ class HFGenerateEngine(RolloutEngine):
                 out = self.policy.generate(
                     input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
                     eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
-                    return_dict_in_generate=True, output_scores=self.return_logprobs, **_sampling_kwargs(sampling))
+                    return_dict_in_generate=True, output_scores=self.return_logprobs,
+                    synced_gpus=world_size() > 1 and is_sharded(self.policy), **_sampling_kwargs(sampling))
         finally:
             self.policy.train(was_training)
         new = out.sequences[:, ids.shape[1]:]
@@ -92,6 +102,12 @@ def _sampling_kwargs(sampling: SamplingConfig) -> dict:
         return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
             "top_k": sampling.top_k or None}
+
+
+def runs_of_equal(values: list[int]) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` of the maximal runs of equal consecutive values."""
+    starts = [i for i in range(len(values)) if i == 0 or values[i] != values[i - 1]]
+    return list(zip(starts, starts[1:] + [len(values)]))
 
 
 def left_pad(rows: list[list[int]], pad_id: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,51 @@
+"""A short GRPO fit under a data-parallel strategy on CPU, run as its own script (Lightning's
+launcher re-runs it once per rank). Writes metrics.csv and, on rank 0, the final weights.
+
+    python tests/scripts/distributed_fit.py --strategy ddp|fsdp2|single --out DIR
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "examples", "arithmetic"))
+
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+import task  # noqa: E402
+from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=4, help="prompts per step over all ranks")
+    p.add_argument("--kl-coef", type=float, default=0.05)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    devices = 1 if args.strategy == "single" else 2
+    strategy = {"single": "auto", "ddp": "ddp",
+                "fsdp2": L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}[args.strategy]
+    module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"), reward_funcs=[task.exact_answer],
+                      group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
+                      generation=dict(max_new_tokens=4, max_prompt_length=8))
+    train, _ = task.split_pairs()
+    data = PromptDataModule(task.rows(train[:32]), batch_size=args.prompts // devices, shuffle=False)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.steps,
+                        logger=CSVLogger(args.out, name="", version=""), log_every_n_steps=1,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(module, datamodule=data)
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+             for k, v in module.policy.state_dict().items()}
+    if trainer.global_rank == 0:
+        torch.save(state, os.path.join(args.out, "weights.pt"))
+    torch.save(state, os.path.join(args.out, f"weights_rank{trainer.global_rank}.pt"))
+
+
+if __name__ == "__main__":
+    main()
