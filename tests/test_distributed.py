@@ -11,14 +11,16 @@ import torch
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "distributed_fit.py")
 
 
-def _run(strategy: str, out) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
+def _run(strategy: str, out, *extra: str) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("LOCAL_RANK", None)
-    proc = subprocess.run([sys.executable, SCRIPT, "--strategy", strategy, "--out", str(out)], env=env,
+    proc = subprocess.run([sys.executable, SCRIPT, "--strategy", strategy, "--out", str(out), *extra], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "metrics.csv") as f:
-        rows = [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+    rows = []
+    for path in sorted(out.glob("**/metrics.csv")):
+        with open(path) as f:
+            rows += [{k: float(v) for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
     if strategy != "single":
         w0, w1 = (torch.load(out / f"weights_rank{r}.pt") for r in (0, 1))
         assert all(torch.equal(w0[k], w1[k]) for k in w0), "ranks hold different weights"
@@ -42,3 +44,14 @@ def test_two_processes_match_one(strategy, single, tmp_path):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), f"step {step} {key}: {a[key]} vs {b[key]}"
     for key in ref_weights:
         assert torch.allclose(weights[key], ref_weights[key], atol=1e-5), key
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_checkpoint_resumes_exactly(tmp_path):
+    straight = _run("fsdp2", tmp_path / "straight", "--steps", "4")
+    resumed = _run("fsdp2", tmp_path / "resumed", "--steps", "4", "--resume-at", "2")
+    assert list((tmp_path / "resumed" / "ckpt.ckpt").glob("*.distcp")), "expected a sharded (DCP) checkpoint"
+    assert [r["step"] for r in straight[0]] == [r["step"] for r in resumed[0]] == [0, 1, 2, 3]
+    for a, b in zip(straight[0], resumed[0]):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
+    assert all(torch.allclose(straight[1][k], resumed[1][k], atol=1e-6) for k in straight[1])

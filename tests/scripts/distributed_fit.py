@@ -1,7 +1,11 @@
 """A short GRPO fit under a data-parallel strategy on CPU, run as its own script (Lightning's
 launcher re-runs it once per rank). Writes metrics.csv and, on rank 0, the final weights.
 
-    python tests/scripts/distributed_fit.py --strategy ddp|fsdp2|single --out DIR
+    python tests/scripts/distributed_fit.py --strategy ddp|fsdp2|single --out DIR [--resume-at N]
+
+With ``--resume-at N`` it fits N steps, saves a checkpoint (sharded under FSDP2), and a fresh
+module and Trainer resume from it up to ``--steps``; metrics of the two parts go to
+``part0/`` and ``part1/``.
 """
 import argparse
 import os
@@ -13,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "arithmetic"))
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 import task  # noqa: E402
@@ -26,8 +31,21 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--prompts", type=int, default=4, help="prompts per step over all ranks")
     p.add_argument("--kl-coef", type=float, default=0.05)
+    p.add_argument("--resume-at", type=int, default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.resume_at is None:
+        trainer, module = fit(args, args.steps, version="")
+    else:
+        # A checkpoint taken during training, as ModelCheckpoint does (one saved after `fit`
+        # returns holds no dataloader position).
+        every = ModelCheckpoint(dirpath=args.out, filename="ckpt", every_n_train_steps=args.resume_at)
+        fit(args, args.resume_at, version="part0", callbacks=[every])
+        trainer, module = fit(args, args.steps, version="part1", ckpt_path=os.path.join(args.out, "ckpt.ckpt"))
+    save_weights(trainer, module, args.out)
+
+
+def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=()):
     devices = 1 if args.strategy == "single" else 2
     strategy = {"single": "auto", "ddp": "ddp",
                 "fsdp2": L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}[args.strategy]
@@ -35,16 +53,21 @@ def main() -> None:
                       group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
                       generation=dict(max_new_tokens=4, max_prompt_length=8))
     train, _ = task.split_pairs()
-    data = PromptDataModule(task.rows(train[:32]), batch_size=args.prompts // devices, shuffle=False)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=args.steps,
-                        logger=CSVLogger(args.out, name="", version=""), log_every_n_steps=1,
-                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-    trainer.fit(module, datamodule=data)
+    data = PromptDataModule(task.rows(train[:32]), batch_size=args.prompts // devices, seed=1)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
+                        logger=CSVLogger(args.out, name="", version=version), log_every_n_steps=1,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
+                        callbacks=list(callbacks))
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return trainer, module
+
+
+def save_weights(trainer, module, out: str) -> None:
     state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
              for k, v in module.policy.state_dict().items()}
     if trainer.global_rank == 0:
-        torch.save(state, os.path.join(args.out, "weights.pt"))
-    torch.save(state, os.path.join(args.out, f"weights_rank{trainer.global_rank}.pt"))
+        torch.save(state, os.path.join(out, "weights.pt"))
+    torch.save(state, os.path.join(out, f"weights_rank{trainer.global_rank}.pt"))
 
 
 if __name__ == "__main__":
