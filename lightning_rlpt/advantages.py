@@ -62,3 +62,7 @@ def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **opti
     """Flat ``[N]`` rewards → flat ``[N]`` advantages with the named estimator."""
     grouped = rewards.view(-1, group_size)
     return ADVANTAGE_ESTIMATORS.get(name)(grouped, **options).reshape(-1)
+
+
+from . import advantages_offpolicy  # noqa: E402,F401  (registers "min_variance_offpolicy")
+from . import advantages_zoo  # noqa: E402,F401  (register reinforce_pp, qae, passk)

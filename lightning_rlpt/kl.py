@@ -51,3 +51,6 @@ def k3_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: to
 def kl_value(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 value, detached: the ``kl`` metric."""
     return k3_loss(logprobs.detach(), ref_logprobs, logprobs.detach())
+
+
+from . import kl_future  # noqa: E402,F401  (register future_k1)

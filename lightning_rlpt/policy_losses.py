@@ -65,3 +65,6 @@ def ppo_clip_loss(
         loss = torch.where(capped, cap, loss)
         stats["clip_ratio/dual"] = capped.float()
     return loss, stats
+
+
+from . import losses_decoupled, losses_reinforce, losses_sequence  # noqa: E402,F401  (register the zoo)

@@ -59,6 +59,7 @@ class HFGenerateEngine(RolloutEngine):
 
     def __init__(self, policy: nn.Module, eos_token_id: int, pad_token_id: int, return_logprobs: bool = False):
         self.policy = policy
+        self.policy_version = 0
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.return_logprobs = return_logprobs
@@ -69,6 +70,9 @@ class HFGenerateEngine(RolloutEngine):
         parts = [self._generate(prompt_ids[a:b], sampling, seed[a]) for a, b in runs_of_equal(seed)]
         logprobs = None if not self.return_logprobs else [lp for p in parts for lp in p.logprobs]
         return RolloutOutput([c for p in parts for c in p.completion_ids], logprobs)
+
+    def sync_weights(self, module: nn.Module, step: int) -> None:
+        self.policy_version = step  # samples from the live policy: never stale
 
     @torch.no_grad()
     def _generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> RolloutOutput:

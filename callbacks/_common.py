@@ -1,0 +1,51 @@
+"""Small helpers the seed-method callbacks share (not part of the public API)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def log_metrics(module: Any, prefix: str, values: dict[str, float]) -> None:
+    """``module.log`` each value as ``prefix/name`` for this step (values are already global)."""
+    for name, value in values.items():
+        module.log(f"{prefix}/{name}", float(value), on_step=True, on_epoch=False, batch_size=1)
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def require_reference(module: Any, who: str) -> None:
+    """KL callbacks drive the KL-to-reference term, which exists only with a reference."""
+    if not getattr(module, "use_reference", False):
+        raise ValueError(f"{who} drives the KL-to-reference term, but this RLModule has no reference model "
+                         "(use_reference is False): pass reference=True (or kl_coef > 0) to RLModule")
+
+
+def global_mean(trainer: Any, values: list[float]) -> list[float]:
+    """Mean of each value over data-parallel ranks (identity on one process)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if trainer is not None and getattr(trainer, "world_size", 1) > 1:
+        t = trainer.strategy.reduce(t.to(trainer.strategy.root_device), reduce_op="mean").cpu()
+    return t.tolist()
+
+
+def global_sum(trainer: Any, values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if trainer is not None and getattr(trainer, "world_size", 1) > 1:
+        t = trainer.strategy.reduce(t.to(trainer.strategy.root_device), reduce_op="sum").cpu()
+    return t.tolist()
+
+
+def raw_scores(module: Any, experience: Any) -> torch.Tensor:
+    """The weighted reward *before* any callback edited ``rewards`` (e.g. dithering): success and
+    pass-rate statistics stay those of the task whatever order the callbacks are listed in."""
+    return module.rewards.combine(experience.rewards_per_func)
+
+
+def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-row mean over real tokens: ``[N, C] -> [N]``."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
