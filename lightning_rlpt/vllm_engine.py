@@ -239,6 +239,9 @@ class VLLMEngine(RolloutEngine):
             kwargs["enable_prefix_caching"] = enable_prefix_caching
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+        # Under DDP/FSDP the trainer's process group exists before vLLM starts; vLLM's shutdown
+        # would destroy it (see `close`).
+        self._trainer_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         with preserved_global_rng():
             self.llm = vllm.LLM(**kwargs)
 
@@ -370,7 +373,8 @@ class VLLMEngine(RolloutEngine):
             core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
             try:
                 if core is not None:
-                    core.shutdown()
+                    with keep_default_process_group(self._trainer_group):
+                        core.shutdown()
             except Exception:  # noqa: BLE001 - best effort: the object is dropped below anyway
                 pass
             del llm
@@ -380,3 +384,23 @@ class VLLMEngine(RolloutEngine):
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+
+
+@contextmanager
+def keep_default_process_group(keep: bool):
+    """vLLM's shutdown calls ``torch.distributed.destroy_process_group()``, which would take the
+    trainer's own (DDP/FSDP) process group down with it; keep the default group when ``keep``."""
+    if not keep:
+        yield
+        return
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_all_but_default(group=None):
+        if group is not None:
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_all_but_default
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy

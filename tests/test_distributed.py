@@ -55,3 +55,17 @@ def test_fsdp2_sharded_checkpoint_resumes_exactly(tmp_path):
     for a, b in zip(straight[0], resumed[0]):
         assert a == pytest.approx(b, rel=1e-6, abs=1e-7)
     assert all(torch.allclose(straight[1][k], resumed[1][k], atol=1e-6) for k in straight[1])
+
+
+@pytest.mark.slow
+def test_fsdp2_with_vllm_rollouts_keeps_ranks_in_sync(tmp_path):
+    """One in-process vLLM engine per rank, fed full weights gathered from the FSDP2 shards."""
+    rows, weights = _run("fsdp2", tmp_path, "--engine", "vllm")  # _run checks both ranks hold equal weights
+    assert len(rows) == 3
+    for row in rows:  # synced every step: the engine samples what the learner scores
+        assert row["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-3)
+        assert row["sampling/logp_diff/max"] < 1e-3
+    from safetensors.torch import load_file
+    start = load_file(os.path.join(os.path.dirname(SCRIPT), "..", "..", "examples", "arithmetic", "warm_start",
+                                   "model.safetensors"))
+    assert any(not torch.equal(start[k], weights[k]) for k in start), "training did not move the weights"

@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4, help="prompts per step over all ranks")
     p.add_argument("--kl-coef", type=float, default=0.05)
     p.add_argument("--resume-at", type=int, default=None)
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.resume_at is None:
@@ -57,9 +58,16 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
                         logger=CSVLogger(args.out, name="", version=version), log_every_n_steps=1,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
-                        callbacks=list(callbacks))
+                        callbacks=list(callbacks) + engine_callbacks(args.engine))
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer, module
+
+
+def engine_callbacks(engine: str) -> list:
+    if engine == "hf":
+        return []
+    from lightning_rlpt.callbacks import VLLMRollout
+    return [VLLMRollout(max_model_len=64, dtype="float32")]
 
 
 def save_weights(trainer, module, out: str) -> None:
