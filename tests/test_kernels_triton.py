@@ -1,0 +1,91 @@
+"""The Triton kernels, run by Triton's CPU interpreter, equal the chunked PyTorch path.
+
+``TRITON_INTERPRET=1`` only takes effect if set before ``triton`` is imported, and this test
+process may already have imported it (vLLM does), so every case runs in one fresh child
+process; each test then checks its own case. Shapes are tiny and fp32 (the interpreter
+computes bf16 ``tl.dot`` wrongly). Blocks of 16 make V, N and H span several partial blocks.
+Tolerance: 1e-5 absolute (fp32, different summation orders).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHILD = r"""
+import importlib, json, torch
+from lightning_rlpt.kernels import chunked, triton_logprobs as tri
+op = importlib.import_module("lightning_rlpt.kernels.fused_logprobs")  # the module, not the function
+
+def case(n, h, v, bias, temperature, with_entropy, ignore, splits, via_op=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(n, h, generator=gen), torch.randn(v, h, generator=gen)
+    b = torch.randn(v, generator=gen) if bias else None
+    t = torch.randint(0, v, (n,), generator=gen)
+    t[ignore] = -100
+    g1, g2 = torch.randn(n, generator=gen), torch.randn(n, generator=gen) if with_entropy else None
+    blocks = dict(block_n=16, block_v=16, block_h=16)
+    want = chunked.chunked_forward(x, w, b, t, temperature, -100, with_entropy)
+    if via_op:  # the functions the CUDA registration of the custom op calls
+        got = op._forward(x, w, b, t, temperature, -100, with_entropy, triton=True)
+        grads = op._backward(g1, g2, x, w, b, t, got[2], got[1], temperature, -100, True, True, triton=True)
+        got = (got[0], got[1] if with_entropy else None, got[2])
+        grads = [g if g.numel() else None for g in grads]
+    else:
+        got = tri.triton_forward(x, w, b, t, temperature, -100, with_entropy, max_splits=splits, **blocks)
+        grads = tri.triton_backward(g1, g2, x, w, b, t, got[2], got[1], temperature, -100, **blocks)
+    want_grads = chunked.chunked_backward(g1, g2, x, w, b, t, want[2], want[1], temperature, -100)
+    err = lambda a, c: None if a is None and c is None else float((a - c).abs().max())
+    return dict(logp=err(got[0], want[0]), entropy=err(got[1], want[1]), lse=err(got[2], want[2]),
+                dh=err(grads[0], want_grads[0]), dw=err(grads[1], want_grads[1]), db=err(grads[2], want_grads[2]),
+                ignored=[float(got[0][i]) for i in ignore], ignored_dh=float(grads[0][ignore].abs().max()))
+
+cases = dict(
+    one_block=case(5, 8, 13, True, 1.0, True, [1], 1),
+    partial_tiles=case(21, 24, 70, True, 0.7, True, [2, 20], 1),
+    vocab_splits=case(21, 24, 70, False, 1.3, True, [0], 3),
+    no_entropy=case(18, 16, 37, True, 1.0, False, [5], 2),
+    via_op=case(9, 8, 41, True, 0.9, True, [3], 1, via_op=True),
+)
+print(json.dumps(dict(kernel_type=type(tri._forward_kernel).__name__, cases=cases)))
+"""
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def results():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_ran_in_the_interpreter(results):
+    assert results["kernel_type"] == "InterpretedFunction"
+
+
+@pytest.mark.parametrize("name", ["one_block", "partial_tiles", "vocab_splits", "via_op"])
+def test_forward_and_backward_equal_chunked(results, name):
+    errs = results["cases"][name]
+    for key in ("logp", "entropy", "lse", "dh", "dw"):
+        assert errs[key] is not None and errs[key] < TOL, (key, errs)
+    if name != "vocab_splits":  # the cases with a bias
+        assert errs["db"] < TOL, errs
+
+
+def test_without_entropy(results):
+    errs = results["cases"]["no_entropy"]
+    assert errs["entropy"] is None  # not computed, not returned
+    for key in ("logp", "lse", "dh", "dw", "db"):
+        assert errs[key] < TOL, (key, errs)
+
+
+@pytest.mark.parametrize("name", ["one_block", "partial_tiles", "no_entropy"])
+def test_ignored_positions_are_zero(results, name):
+    errs = results["cases"][name]
+    assert errs["ignored"] == [0.0] * len(errs["ignored"])
+    assert errs["ignored_dh"] == 0.0
