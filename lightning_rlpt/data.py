@@ -179,6 +179,8 @@ class PromptDataModule(L.LightningDataModule):
         self.shuffle, self.seed, self.num_workers = shuffle, seed, num_workers
         self.train_set: PromptDataset | None = None
         self.val_set: PromptDataset | None = None
+        # A curriculum callback may install a weighted sampler (`weighted_sampler.py`) here.
+        self.train_sampler: EpochSampler | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -195,7 +197,9 @@ class PromptDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
-        sampler = EpochSampler(len(self.train_set), self.shuffle, self.seed, self.batch_size)
+        sampler = self.train_sampler
+        if sampler is None:
+            sampler = EpochSampler(len(self.train_set), self.shuffle, self.seed, self.batch_size)
         return ResumableLoader(self.train_set, batch_size=self.batch_size, sampler=sampler,
                                collate_fn=collate_prompts, num_workers=self.num_workers)
 

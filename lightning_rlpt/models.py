@@ -65,7 +65,23 @@ def _from_pretrained(path: str, quantization: str | None, torch_dtype: Any) -> n
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type=quantization, bnb_4bit_compute_dtype=compute)
         kwargs["device_map"] = {"": "cuda" if torch.cuda.is_available() else "cpu"}
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if quantization is not None:
+        keep_4bit_layout(model)
+    return model
+
+
+def keep_4bit_layout(model: nn.Module) -> None:
+    """Stop bitsandbytes from repacking 4-bit weights for its bf16 CPU kernel.
+
+    On CPUs with AVX512-BF16, a ``Linear4bit`` run in eval mode without grad (as during
+    ``generate``) rewrites its weight in place, for good, and from then on computes in bf16,
+    training included: log-probs move by ~5e-2 and the weights can no longer be dequantised
+    exactly for a vLLM sync. Training wants the plain fp32-compute path throughout.
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def _add_lora(policy: nn.Module, lora: Any) -> nn.Module:
@@ -75,6 +91,17 @@ def _add_lora(policy: nn.Module, lora: Any) -> nn.Module:
     if isinstance(lora, dict):
         lora = LoraConfig(**{"r": 8, "lora_alpha": 16, "target_modules": "all-linear", "task_type": "CAUSAL_LM", **lora})
     return get_peft_model(policy, lora)
+
+
+def lora_as_dict(lora: Any) -> dict[str, Any] | None:
+    """A LoRA config as plain data (for hyper-parameters and checkpoints); `_add_lora` takes it back."""
+    if lora is None or isinstance(lora, dict):
+        return None if lora is None else dict(lora)
+    plain = {}
+    for key, value in lora.to_dict().items():
+        value = sorted(value) if isinstance(value, set) else value
+        plain[key] = getattr(value, "value", value)  # enums (peft_type, task_type) as strings
+    return plain
 
 
 def _require(module: str, message: str) -> None:
@@ -98,10 +125,71 @@ def frozen_copy(policy: nn.Module) -> nn.Module:
 
 @contextmanager
 def reference_context(policy: nn.Module, reference: nn.Module | None) -> Iterator[nn.Module]:
-    """Yield the model that plays the reference: the frozen copy, or the base with adapters off."""
+    """Yield the model that plays the reference: the frozen copy; under LoRA/QLoRA the
+    ``reference`` adapter when one was added (`add_reference_adapter`), else the base with
+    adapters off."""
     if reference is not None:
         yield reference
+    elif is_peft(policy) and REFERENCE_ADAPTER in policy.peft_config:
+        with _active_adapter(policy, REFERENCE_ADAPTER):
+            yield policy
+    else:
+        with policy.disable_adapter() if is_peft(policy) else nullcontext():
+            yield policy
+
+
+# ---------------------------------------------------------------- a movable reference under LoRA
+REFERENCE_ADAPTER = "reference"
+
+
+def add_reference_adapter(policy: nn.Module) -> None:
+    """Give a peft policy a frozen second adapter, ``reference``, that `reference_context`
+    activates, so reference resets (`ReferenceReset`) can move the reference under LoRA/QLoRA.
+    It starts as a copy of the active adapter with ``lora_B`` zeroed (no random draw): until first
+    moved it equals the base with adapters disabled, deterministically."""
+    if REFERENCE_ADAPTER in policy.peft_config:
         return
-    ctx = policy.disable_adapter() if is_peft(policy) else nullcontext()
-    with ctx:
-        yield policy
+    active = policy.active_adapter
+    trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
+    with torch.random.fork_rng(devices=[]):
+        policy.add_adapter(REFERENCE_ADAPTER, copy.deepcopy(policy.peft_config[active]))
+    policy.set_adapter(active)
+    for name, p in policy.named_parameters():
+        p.requires_grad_(name in trainable)
+    params = dict(policy.named_parameters())
+    key, ref_key = f".{active}.", f".{REFERENCE_ADAPTER}."
+    with torch.no_grad():
+        for name, p in params.items():
+            source = params.get(name.replace(ref_key, key)) if ref_key in name else None
+            if source is not None:
+                p.copy_(torch.zeros_like(p) if "lora_B" in name else source)
+
+
+def reference_pairs(policy: nn.Module, reference: nn.Module | None) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """``(policy parameter, reference parameter)`` pairs a reference update copies between: all
+    weights of a frozen full-FT copy, or the active adapter's and the ``reference`` adapter's."""
+    if reference is not None:
+        ref = dict(reference.named_parameters())
+        return [(p, ref[n]) for n, p in policy.named_parameters()]
+    if not (is_peft(policy) and REFERENCE_ADAPTER in policy.peft_config):
+        raise ValueError("this policy has no movable reference: call add_reference_adapter(policy) (LoRA/QLoRA) "
+                         "or build the module with reference=True (full fine-tuning)")
+    params = dict(policy.named_parameters())
+    key, ref_key = f".{policy.active_adapter}.", f".{REFERENCE_ADAPTER}."
+    return [(p, params[n.replace(key, ref_key)]) for n, p in params.items()
+            if key in n and n.replace(key, ref_key) in params]
+
+
+@contextmanager
+def _active_adapter(policy: nn.Module, name: str) -> Iterator[None]:
+    # peft's set_adapter also flips requires_grad; restore the flags so the optimizer's
+    # parameters stay exactly the trainable ones.
+    previous = policy.active_adapter
+    flags = [(p, p.requires_grad) for p in policy.parameters()]
+    policy.set_adapter(name)
+    try:
+        yield
+    finally:
+        policy.set_adapter(previous)
+        for p, flag in flags:
+            p.requires_grad_(flag)

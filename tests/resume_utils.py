@@ -26,8 +26,9 @@ def read_rows(root: str) -> dict[int, dict[str, float]]:
 
 
 def straight_and_resumed(tmp_path, make_module: Callable, make_data: Callable, make_callbacks: Callable = list,
-                         n: int = 4):
-    """Returns ((metrics, weights) straight, (metrics, weights) resumed)."""
+                         n: int = 4, **trainer_kwargs):
+    """Returns ((metrics, weights) straight, (metrics, weights) resumed); ``trainer_kwargs``
+    go to every Trainer (e.g. a validation schedule)."""
     runs = []
     for name, plan in (("straight", [2 * n]), ("resumed", [n, 2 * n])):
         root, ckpt_dir = str(tmp_path / name), str(tmp_path / name / "ckpt")
@@ -36,7 +37,8 @@ def straight_and_resumed(tmp_path, make_module: Callable, make_data: Callable, m
             module = make_module()
             checkpoint = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=n, save_top_k=-1)
             trainer = quiet_trainer(max_steps=steps, logger=CSVLogger(root, name="", version=f"part{i}"),
-                                    callbacks=[*make_callbacks(), checkpoint], enable_checkpointing=True)
+                                    callbacks=[*make_callbacks(), checkpoint], enable_checkpointing=True,
+                                    **trainer_kwargs)
             trainer.fit(module, datamodule=make_data(), ckpt_path=os.path.join(ckpt_dir, "last.ckpt") if i else None)
         runs.append((read_rows(root), {k: v.detach().clone() for k, v in module.policy.state_dict().items()}))
     return runs[0], runs[1]

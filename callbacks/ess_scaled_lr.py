@@ -1,0 +1,157 @@
+"""VCPO: scale the learning rate by the effective sample size of the off-policy batch."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from lightning_rlpt.advantages import compute_advantages
+from lightning_rlpt.hooks import RLCallback
+
+from ._common import global_sum, log_metrics, require
+
+RULES = ("sqrt", "linear")
+BASELINES = (None, "min_variance")
+GRAD_NORM_PROXIES = ("none", "length")
+
+
+class ESSScaledLR(RLCallback):
+    """Shrink the step when the importance weights are degenerate (VCPO, "Variance-Controlled
+    Policy Optimization", mit-han-lab/vcpo; methods.md §5).
+
+    Per optimizer step, on the mini-batch about to be trained on (captured in
+    ``on_before_loss``): sequence weights ``w_i = exp(Σ_t mask·(logπ_old − logπ_behaviour))``
+    (the learner's recomputed log-probs over the rollout engine's; the log-weight is clamped to
+    ±20), summed over all data-parallel ranks into ``ESS = (Σw)²/(Σw² + 1e-8)`` and
+    ``ρ = ESS/B`` (B = sequences in the global mini-batch). ``lr_scale = min(1, ρ/ρ_base)``;
+    the ``sqrt`` rule multiplies every param group's LR by ``√lr_scale``, ``linear`` by
+    ``lr_scale``. The scaling is applied in Lightning's ``on_before_optimizer_step`` and undone
+    by a one-shot ``optimizer.register_step_post_hook`` right after ``optimizer.step()`` (and,
+    as a fallback, in ``on_train_batch_end``), so schedulers, LR monitors and checkpoints only
+    ever see the base LR. When ``ρ ≥ ρ_base·(1 − tolerance)`` the LR is left exactly unchanged:
+    on-policy data (``w ≡ 1`` up to kernel noise) does not move it.
+
+    ``baseline="min_variance"`` also replaces the advantages (``on_advantages_computed``) with
+    VCPO's minimum-variance off-policy baseline, ``A = R − Σ W R/Σ W``, ``W = ‖g‖²·w²``
+    (``lightning_rlpt.advantages_offpolicy`` derives it; ``grad_norm_proxy`` picks ‖g‖²: 1 or
+    the response length). Pair it with a sequence-level correction, e.g.
+    ``RLModule(rollout_correction="seq_tis", rollout_correction_cap=8)``, so w enters once.
+
+    Needs behaviour log-probs from the engine: ``HFGenerateEngine(policy, eos, pad,
+    return_logprobs=True)`` or the vLLM rollout.
+
+    Args:
+        rule: ``sqrt`` (VCPO default) or ``linear``.
+        rho_base: ρ at and above which the LR is not scaled (1.0).
+        truncation: cap of the truncated weight copy ``min(w, truncation)`` (8.0).
+        use_truncated: compute the ESS from the truncated copy (default False: untruncated).
+        tolerance: relative slack on ``ρ_base`` below which scaling starts (1e-6).
+        baseline: None or ``min_variance``.
+        grad_norm_proxy: ``none`` or ``length`` (the min-variance baseline's ‖g_i‖²).
+
+    Logs ``ess/ratio`` (ρ), ``ess/lr_scale`` (the factor applied to the LR),
+    ``ess/weight_mean`` and ``ess/weight_max`` (untruncated), ``ess/truncated_weight_mean``.
+
+    Example:
+        >>> import torch
+        >>> from lightning_rlpt.callbacks import ESSScaledLR
+        >>> ess = ESSScaledLR(rule="linear")
+        >>> ratio, factor = ess.scale_for(torch.tensor([1.0, 1.0, 0.0, 0.0]))
+        >>> round(ratio, 4), round(factor, 4)
+        (0.5, 0.5)
+    """
+
+    def __init__(self, rule: str = "sqrt", rho_base: float = 1.0, truncation: float = 8.0, use_truncated: bool = False,
+                 tolerance: float = 1e-6, baseline: str | None = None, grad_norm_proxy: str = "none"):
+        require(rule in RULES, f"rule must be one of {RULES} (got {rule!r})")
+        require(0 < rho_base <= 1, f"rho_base must be in (0, 1] (got {rho_base})")
+        require(truncation > 0, f"truncation must be > 0 (got {truncation})")
+        require(0 <= tolerance < 1, f"tolerance must be in [0, 1) (got {tolerance})")
+        require(baseline in BASELINES, f"baseline must be one of {BASELINES} (got {baseline!r})")
+        require(grad_norm_proxy in GRAD_NORM_PROXIES, f"grad_norm_proxy must be one of {GRAD_NORM_PROXIES} (got {grad_norm_proxy!r})")
+        self.rule, self.rho_base, self.truncation, self.use_truncated = rule, rho_base, truncation, use_truncated
+        self.tolerance, self.baseline, self.grad_norm_proxy = tolerance, baseline, grad_norm_proxy
+        self._factor: float | None = None  # for the coming optimizer step
+        self._base_lrs: list[float] | None = None  # while the scaled LR is in place
+
+    # ------------------------------------------------------------------ the formula
+    @staticmethod
+    def sequence_weights(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``[N]`` sequence IS weights ``exp(Σ_t mask·(old − behaviour))`` (log clamped to ±20)."""
+        log_w = ((old.detach().double() - behaviour.double()) * mask.double()).sum(-1)
+        return torch.exp(log_w.clamp(-20.0, 20.0))
+
+    def scale_for(self, weights: torch.Tensor, trainer: Any = None) -> tuple[float, float]:
+        """(ρ, LR factor) for the global mini-batch whose local weights are ``weights``."""
+        w = weights.clamp(max=self.truncation) if self.use_truncated else weights
+        s1, s2, count = global_sum(trainer, [w.sum().item(), (w ** 2).sum().item(), float(len(w))])
+        ratio = (s1 ** 2 / (s2 + 1e-8)) / max(count, 1.0)
+        if ratio >= self.rho_base * (1 - self.tolerance):
+            return ratio, 1.0
+        scale = min(1.0, ratio / self.rho_base)
+        return ratio, math.sqrt(scale) if self.rule == "sqrt" else scale
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        engine = pl_module.engine
+        if getattr(engine, "return_logprobs", True) is False:
+            raise ValueError("ESSScaledLR needs behaviour log-probs from the rollout engine, and this "
+                             f"{type(engine).__name__} does not report them: set module.rollout_engine = "
+                             "HFGenerateEngine(policy, eos_id, pad_id, return_logprobs=True) or use the vLLM rollout")
+
+    def on_advantages_computed(self, trainer, module, experience):
+        if self.baseline is None:
+            return
+        mask = experience.completion_mask.float()
+        w = self.sequence_weights(self._old(experience), self._behaviour(experience), mask).float()
+        lengths = mask.sum(-1) if self.grad_norm_proxy == "length" else None
+        experience.advantages = compute_advantages("min_variance_offpolicy", experience.rewards, experience.group_size,
+                                                   is_weights=w, grad_sq_norms=lengths)
+
+    def on_before_loss(self, trainer, module, minibatch):
+        self._restore(trainer)
+        mask = minibatch.completion_mask.float()
+        weights = self.sequence_weights(self._old(minibatch), self._behaviour(minibatch), mask)
+        ratio, self._factor = self.scale_for(weights, trainer)
+        log_metrics(module, "ess", {"ratio": ratio, "lr_scale": self._factor, "weight_mean": weights.mean().item(),
+                                    "weight_max": weights.max().item(),
+                                    "truncated_weight_mean": weights.clamp(max=self.truncation).mean().item()})
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self._factor is None or self._factor == 1.0:
+            return
+        self._base_lrs = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * self._factor
+        self._optimizer = optimizer
+        handle = None
+
+        def restore(*_: Any) -> None:
+            self._restore(trainer)
+            handle.remove()
+
+        handle = optimizer.register_step_post_hook(restore)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._restore(trainer)
+        self._factor = None
+
+    def _restore(self, trainer: Any) -> None:
+        if self._base_lrs is not None:
+            for group, lr in zip(self._optimizer.param_groups, self._base_lrs):
+                group["lr"] = lr
+            self._base_lrs = None
+
+    @staticmethod
+    def _behaviour(exp) -> torch.Tensor:
+        if exp.behaviour_logprobs is None:
+            raise ValueError("ESSScaledLR needs behaviour log-probs (experience.behaviour_logprobs is None): use "
+                             "HFGenerateEngine(policy, eos_id, pad_id, return_logprobs=True) or the vLLM rollout")
+        return exp.behaviour_logprobs
+
+    @staticmethod
+    def _old(exp) -> torch.Tensor:
+        if exp.old_logprobs is None:
+            raise RuntimeError("experience.old_logprobs is missing although behaviour log-probs are present")
+        return exp.old_logprobs
