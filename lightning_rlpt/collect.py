@@ -11,9 +11,14 @@ from .rollout import RolloutEngine, RolloutOutput, left_pad, right_pad
 from .sampling import SamplingConfig
 
 
-def tokenize_prompts(tokenizer: Any, prompts: list[str], sampling: SamplingConfig) -> tuple[list[list[int]], int]:
-    """Token ids of each prompt and how many were cut (from the left) to ``max_prompt_length``."""
-    ids = tokenizer(list(prompts), add_special_tokens=True)["input_ids"]
+def tokenize_prompts(tokenizer: Any, prompts: list[Any], sampling: SamplingConfig) -> tuple[list[list[int]], int]:
+    """Token ids of each prompt and how many were cut (from the left) to ``max_prompt_length``.
+
+    Conversational prompts (lists of ``{"role", "content"}`` dicts, as in TRL) always go through
+    ``tokenizer.apply_chat_template(add_generation_prompt=True)``; string prompts do too when the
+    tokenizer has a chat template and ``sampling.chat_template`` is on. Reward functions still
+    receive the original prompts."""
+    ids = [_prompt_ids(tokenizer, p, sampling.chat_template) for p in prompts]
     limit = sampling.max_prompt_length
     if limit is None:
         return ids, 0
@@ -21,9 +26,21 @@ def tokenize_prompts(tokenizer: Any, prompts: list[str], sampling: SamplingConfi
     if too_long and sampling.prompt_truncation == "error":
         i = too_long[0]
         raise ValueError(f"prompt {i} has {len(ids[i])} tokens, more than max_prompt_length={limit} "
-                         f"({len(too_long)} such prompts in this batch): {prompts[i][:80]!r}. Raise max_prompt_length "
+                         f"({len(too_long)} such prompts in this batch): {str(prompts[i])[:80]!r}. Raise max_prompt_length "
                          "or set prompt_truncation='left' to keep the last tokens")
     return [row[-limit:] for row in ids], len(too_long)
+
+
+def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool) -> list[int]:
+    if isinstance(prompt, str) and not (use_template and getattr(tokenizer, "chat_template", None)):
+        return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"conversational prompt {str(messages)[:80]!r} needs a chat template, but the tokenizer has "
+                         "none: set tokenizer.chat_template (a Jinja string) or give plain string prompts")
+    # The template writes the special tokens (BOS, role markers) itself, as TRL does.
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], group_size: int,

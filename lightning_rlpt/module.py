@@ -17,8 +17,8 @@ from .kl import KL_ESTIMATORS, kl_value
 from .logprobs import completion_logprobs
 from .metrics import PassAtK
 from .mismatch import check_mode, correction_weights, mismatch_metrics
-from .models import frozen_copy, is_peft, load_policy, load_tokenizer, reference_context
-from .objectives import resolve_objective
+from .models import frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict, reference_context
+from .objectives import SELF_CORRECTING, check_pair, resolve_objective
 from .policy_losses import POLICY_LOSSES
 from .rewards import RewardFunctions
 from .rollout import HFGenerateEngine, RolloutEngine
@@ -60,7 +60,8 @@ class RLModule(L.LightningModule):
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
-            (see `mismatch`); ``rollout_correction_cap`` is its cap.
+            (see `mismatch`); ``"auto"``: ``token_tis``, or None for losses that correct
+            themselves (``decoupled_ppo``). ``rollout_correction_cap`` is its cap.
         seed: seeds the rollout sampling stream (checkpointed) and the LoRA initialisation.
         seed_per_prompt: derive each prompt's sampling seed from the rollout seed and the
             prompt's dataset index, so completions do not depend on how prompts are batched or
@@ -108,13 +109,16 @@ class RLModule(L.LightningModule):
         max_grad_norm: float | None = 1.0,
         reference: bool | None = None,
         use_fused_kernel: bool = True,
-        rollout_correction: str | None = "token_tis",
+        rollout_correction: str | None = "auto",
         rollout_correction_cap: float = 2.0,
         seed: int = 0,
         seed_per_prompt: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora"])
+        # What `export_checkpoint` needs to rebuild the model: the base path and the adapter config.
+        self.hparams["model_name_or_path"] = None if isinstance(model, nn.Module) else str(model)
+        self.hparams["lora_config"] = lora_as_dict(lora)
         self.automatic_optimization = False
         cfg = resolve_objective(objective, dict(
             policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
@@ -123,7 +127,12 @@ class RLModule(L.LightningModule):
         check_aggregation(cfg["loss_aggregation"])
         check_group_size(cfg["advantage"], group_size)
         self._check_numbers(cfg, updates_per_rollout, minibatch_size, val_samples)
+        if rollout_correction == "auto":
+            rollout_correction = None if cfg["policy_loss"] in SELF_CORRECTING else "token_tis"
         check_mode(rollout_correction, rollout_correction_cap)
+        check_pair(cfg["policy_loss"], cfg["advantage"], group_size=group_size, advantage_kwargs=advantage_kwargs,
+                   rollout_correction=rollout_correction, updates_per_rollout=updates_per_rollout)
+        self.hparams.rollout_correction = rollout_correction
         self.cfg = cfg
         self.group_size, self.kl_estimator = group_size, kl_estimator
         # Public knobs that callbacks may move (see hooks.py).

@@ -6,7 +6,10 @@ results and counts failures. Per-function scores are logged as ``rewards/<name>/
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
+import os
 from typing import Any, Callable, Sequence
 
 import torch
@@ -22,13 +25,56 @@ def reward_name(fn: RewardFn) -> str:
     return getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None) or type(fn).__name__
 
 
+def resolve_reward(spec: RewardFn | str) -> RewardFn:
+    """A reward function from an import path, so configs can name one.
+
+    Accepts ``"package.module:function"``, ``"package.module.function"`` or
+    ``"path/to/file.py:function"`` (relative to the working directory); callables pass through.
+    The command line puts each ``--config`` file's directory on ``sys.path``, so a config beside
+    ``task.py`` can say ``task:exact_answer``.
+
+    Example:
+        >>> resolve_reward("operator:eq").__name__
+        'eq'
+    """
+    if not isinstance(spec, str):
+        return spec
+    module_name, sep, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"reward function {spec!r} is not an import path: write 'package.module:function' "
+                         "or 'path/to/file.py:function'")
+    try:
+        module = _import(module_name)
+    except Exception as err:
+        raise ImportError(f"cannot import {module_name!r} for reward function {spec!r}: {type(err).__name__}: {err}. "
+                          "Check the spelling, install the package, or run from (or put on PYTHONPATH) the directory "
+                          "that holds it; a config file's own directory is added automatically") from err
+    if not hasattr(module, attr):
+        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
+        raise ImportError(f"{module_name!r} has no reward function {attr!r} (for {spec!r}); "
+                          f"its callables are {public[:20]}")
+    return getattr(module, attr)
+
+
+def _import(name: str):
+    if name.endswith(".py"):  # a file path: import it under its stem
+        if not os.path.exists(name):
+            raise FileNotFoundError(f"no file {os.path.abspath(name)!r}")
+        spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(name))[0], name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(name)
+
+
 class RewardFunctions:
     """Several reward functions with weights.
 
     Args:
-        funcs: callables ``fn(prompts, completions, **columns) -> list[float]``; extra dataset
-            columns arrive as keyword lists aligned with ``completions``, plus
-            ``completion_ids``. Accept ``**kwargs`` to ignore the ones you do not use.
+        funcs: callables ``fn(prompts, completions, **columns) -> list[float]``, or import
+            paths to them (see `resolve_reward`); extra dataset columns arrive as keyword lists
+            aligned with ``completions``, plus ``completion_ids``. Accept ``**kwargs`` to ignore
+            the ones you do not use.
         weights: one weight per function (default all 1).
         on_error: ``"raise"`` stops the run naming the function and the first failing
             sample; ``"zero"`` scores failing samples 0 and counts them.
@@ -42,7 +88,8 @@ class RewardFunctions:
 
     def __init__(self, funcs: Sequence[RewardFn] | RewardFn, weights: Sequence[float] | None = None,
                  on_error: str = "raise"):
-        funcs = [funcs] if callable(funcs) else list(funcs)
+        funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
+        funcs = [resolve_reward(fn) for fn in funcs]
         if not funcs:
             raise ValueError("reward_funcs is empty: pass at least one fn(prompts, completions, **columns) -> list[float]")
         for fn in funcs:

@@ -19,6 +19,9 @@ class SamplingConfig:
             ``prompt_truncation``; None means no limit.
         prompt_truncation: ``"left"`` keeps the last ``max_prompt_length`` tokens and counts it
             in ``prompts/truncated``; ``"error"`` stops before any rollout.
+        chat_template: format string prompts with the tokenizer's chat template (as one user
+            turn) when it has one; False feeds them raw. Conversational prompts (lists of
+            ``{"role", "content"}`` messages) always go through the template.
     """
 
     max_new_tokens: int = 64
@@ -27,6 +30,7 @@ class SamplingConfig:
     top_k: int = 0
     max_prompt_length: int | None = 512
     prompt_truncation: str = "left"
+    chat_template: bool = True
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -67,8 +67,12 @@ def test_not_numbers():
 def test_construction_errors():
     with pytest.raises(ValueError, match="reward_funcs is empty"):
         RewardFunctions([])
-    with pytest.raises(TypeError, match="not callable"):
+    with pytest.raises(ValueError, match="not an import path"):
         RewardFunctions([exact, "length"])
+    with pytest.raises(ImportError, match="has no reward function 'nope'"):
+        RewardFunctions([exact, "operator:nope"])
+    with pytest.raises(TypeError, match="not callable"):
+        RewardFunctions([exact, 3])
     with pytest.raises(ValueError, match="one weight per function"):
         RewardFunctions([exact], weights=[1.0, 2.0])
     with pytest.raises(ValueError, match="on_error"):
