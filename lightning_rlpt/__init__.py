@@ -9,6 +9,7 @@ from .kl import KL_ESTIMATORS
 from .module import RLModule
 from .objectives import PRESETS
 from .policy_losses import POLICY_LOSSES
+from .reward_library import FormatReward, MathAnswerReward, format_reward, math_answer_reward
 from .rewards import RewardError, RewardFunctions
 from .rollout import HFGenerateEngine, RolloutEngine, RolloutOutput
 from .sampling import SamplingConfig
@@ -16,7 +17,8 @@ from .sampling import SamplingConfig
 __version__ = "0.1.0"
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "Experience", "HFGenerateEngine", "KL_ESTIMATORS", "POLICY_LOSSES",
-    "PRESETS", "PromptDataModule", "PromptDataset", "RLCallback", "RLModule", "RewardError", "RewardFunctions",
-    "RolloutEngine", "RolloutOutput", "SamplingConfig", "aggregate_loss", "compute_advantages",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "Experience", "FormatReward", "HFGenerateEngine", "KL_ESTIMATORS",
+    "MathAnswerReward", "POLICY_LOSSES", "PRESETS", "PromptDataModule", "PromptDataset", "RLCallback", "RLModule",
+    "RewardError", "RewardFunctions", "RolloutEngine", "RolloutOutput", "SamplingConfig", "aggregate_loss",
+    "compute_advantages", "format_reward", "math_answer_reward",
 ]

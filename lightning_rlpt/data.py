@@ -18,6 +18,7 @@ def load_rows(data: DataSource) -> list[dict[str, Any]]:
         return _load_path(str(data))
     if hasattr(data, "to_list") and hasattr(data, "column_names"):  # datasets.Dataset
         return data.to_list()
+    _reject_dataset_dict(data, "")
     if isinstance(data, Sequence):
         return [r if isinstance(r, dict) else {"prompt": r} for r in data]
     raise TypeError(f"unsupported data {type(data).__name__}: pass a file path, a datasets.Dataset or a list")
@@ -29,7 +30,13 @@ def _load_path(path: str) -> list[dict[str, Any]]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"prompt data {path!r} does not exist")
     if os.path.isdir(path):
-        return datasets.load_from_disk(path).to_list()
+        try:
+            saved = datasets.load_from_disk(path)
+        except FileNotFoundError as err:
+            raise ValueError(f"{path!r} is a directory but not one written by Dataset.save_to_disk ({err}); pass "
+                             "such a directory or a .jsonl/.json/.parquet/.csv file") from err
+        _reject_dataset_dict(saved, path)
+        return saved.to_list()
     kinds = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
     ext = os.path.splitext(path)[1]
     if ext not in kinds:
@@ -37,28 +44,48 @@ def _load_path(path: str) -> list[dict[str, Any]]:
     return datasets.load_dataset(kinds[ext], data_files=path, split="train").to_list()
 
 
+def _reject_dataset_dict(data: Any, path: str) -> None:
+    """A DatasetDict holds several splits: make the user pick one rather than guess."""
+    import sys
+
+    datasets = sys.modules.get("datasets")  # not imported here: a DatasetDict means it already is
+    if datasets is not None and isinstance(data, datasets.DatasetDict):
+        fix = " or ".join(repr(os.path.join(path, s)) for s in data) if path else \
+            " or ".join(f"dataset_dict[{s!r}]" for s in data)
+        raise ValueError(f"got a DatasetDict with splits {list(data)}; pass one split, e.g. {fix}")
+
+
 class PromptDataset(Dataset):
     """Rows with a prompt column; every other column is passed to reward functions.
 
     Args:
         rows: list of dicts.
-        prompt_column: the column holding the prompt text.
+        prompt_column: the column holding the prompt (a string, or a list of
+            ``{"role", "content"}`` messages).
         columns: maps dataset column names to the names reward functions receive
-            (e.g. ``{"solution": "answer"}``); unmapped columns keep their names.
+            (e.g. ``{"solution": "answer"}``); unmapped columns keep their names. Mapping a
+            column to ``"prompt"`` makes it the prompt column.
+        name: what to call the dataset in error messages.
+
+    Example:
+        >>> rows = [{"question": "1+1=", "solution": "2"}]
+        >>> PromptDataset(rows, columns={"question": "prompt", "solution": "answer"})[0]
+        {'answer': '2', 'prompt': '1+1=', 'index': 0}
     """
 
     def __init__(self, rows: list[dict[str, Any]], prompt_column: str = "prompt",
                  columns: dict[str, str] | None = None, name: str = "dataset"):
         if len(rows) == 0:
             raise ValueError(f"the {name} is empty: give at least one prompt")
+        self.columns = dict(columns or {})
+        self.prompt_column = _prompt_column(prompt_column, self.columns)
         available = list(rows[0])
-        missing = [c for c in [prompt_column, *(columns or {})] if c not in available]
+        missing = [c for c in [self.prompt_column, *self.columns] if c not in available]
         if missing:
             raise ValueError(f"the {name} has no column(s) {missing}; its columns are {available}. "
                              "Set prompt_column= / columns= to names that exist")
+        _check_output_names({c: self.columns.get(c, c) for c in available if c != self.prompt_column}, name)
         self.rows = rows
-        self.prompt_column = prompt_column
-        self.columns = columns or {}
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -69,6 +96,34 @@ class PromptDataset(Dataset):
         out["prompt"] = row[self.prompt_column]
         out["index"] = i
         return out
+
+
+# Filled in by PromptDataset ("prompt", "index") or by the reward call (the rest).
+RESERVED_COLUMNS = ("prompt", "index", "prompts", "completions", "completion_ids")
+
+
+def _prompt_column(prompt_column: str, columns: dict[str, str]) -> str:
+    """The prompt column, which ``columns={"question": "prompt"}`` may name instead of ``prompt_column``."""
+    mapped = [c for c, new in columns.items() if new == "prompt"]
+    if len(mapped) > 1:
+        raise ValueError(f"columns= maps {mapped} all to 'prompt'; map exactly one column to 'prompt'")
+    if not mapped:
+        return prompt_column
+    if prompt_column not in ("prompt", mapped[0]):
+        raise ValueError(f"prompt_column={prompt_column!r} and columns= mapping {mapped[0]!r} to 'prompt' disagree; "
+                         "name the prompt column in one of them")
+    return mapped[0]
+
+
+def _check_output_names(renames: dict[str, str], name: str) -> None:
+    """Reward functions get one keyword per column: no two may share a name or take a reserved one."""
+    names = list(renames.values())
+    clashes = sorted({n for n in names if names.count(n) > 1 or n in RESERVED_COLUMNS})
+    if clashes:
+        source = next(c for c, n in renames.items() if n == clashes[0])
+        raise ValueError(f"in the {name}, column name(s) {clashes} would clash (two columns with one name, or a name "
+                         f"reserved for {list(RESERVED_COLUMNS)}); rename them with columns=, e.g. "
+                         f"columns={{{source!r}: 'my_{source}'}}")
 
 
 def collate_prompts(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
