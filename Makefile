@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean bench-trl
 
 install: $(STAMP)
 
@@ -23,6 +23,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
+
+# Benchmarks (not set-up commands): TRL is a peer to measure against, never a dependency.
+bench-trl: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/vs_trl.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

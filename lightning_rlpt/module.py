@@ -1,6 +1,8 @@
 """`RLModule`: GRPO-family RL post-training of a Hugging Face causal LM as a LightningModule."""
 from __future__ import annotations
 
+import os
+
 from typing import Any, Sequence
 
 import lightning as L
@@ -117,7 +119,9 @@ class RLModule(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora"])
         # What `export_checkpoint` needs to rebuild the model: the base path and the adapter config.
-        self.hparams["model_name_or_path"] = None if isinstance(model, nn.Module) else str(model)
+        # A local directory is recorded absolute, so an export from another working directory finds it.
+        path = None if isinstance(model, nn.Module) else str(model)
+        self.hparams["model_name_or_path"] = os.path.abspath(path) if path and os.path.isdir(path) else path
         self.hparams["lora_config"] = lora_as_dict(lora)
         self.automatic_optimization = False
         cfg = resolve_objective(objective, dict(

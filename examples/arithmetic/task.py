@@ -1,10 +1,13 @@
 """2-digit addition as an RL task: a character-level tokenizer, a tiny Llama, data and a reward.
 
 The vocabulary is the 12 symbols ``0-9 + =`` plus ``<pad> <s> </s>``; answers are written most
-significant digit first and end with ``</s>``.
+significant digit first and end with ``</s>``. ``python examples/arithmetic/task.py`` rewrites
+``train.jsonl`` / ``val.jsonl`` beside it, the prompt files ``config.yaml`` trains on.
 """
 from __future__ import annotations
 
+import json
+import os
 import random
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -52,7 +55,27 @@ def rows(pairs: list[tuple[int, int]]) -> list[dict[str, str]]:
     return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs]
 
 
+def write_jsonl(directory: str, seed: int = 0) -> tuple[str, str]:
+    """Write ``train.jsonl`` and ``val.jsonl`` (the `split_pairs` split) for configs and the CLI.
+
+    Example:
+        >>> write_jsonl("examples/arithmetic")  # doctest: +SKIP
+        ('examples/arithmetic/train.jsonl', 'examples/arithmetic/val.jsonl')
+    """
+    paths = []
+    for name, pairs in zip(("train", "val"), split_pairs(seed)):
+        path = os.path.join(directory, f"{name}.jsonl")
+        with open(path, "w") as f:
+            f.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in rows(pairs))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 def exact_answer(prompts, completions, answer, completion_ids, **_) -> list[float]:
     """1 for the exact sum followed by ``</s>``, else 0."""
     return [float(c == a and len(ids) > 0 and ids[-1] == EOS_ID)
             for c, a, ids in zip(completions, answer, completion_ids)]
+
+
+if __name__ == "__main__":
+    print(*write_jsonl(os.path.dirname(os.path.abspath(__file__))), sep="\n")
