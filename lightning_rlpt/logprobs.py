@@ -1,9 +1,12 @@
 """Per-token log-probs (and entropies) of completions under a causal LM.
 
 The decoder runs once; the LM head then scores only the completion positions. With a plain
-``nn.Linear`` head the fused kernel (`lightning_rlpt.kernels.fused_logprobs`) computes
-log-probs and entropy tile by tile without an ``[N, C, V]`` logits buffer; any other head
-(LoRA on ``lm_head``, soft-capped logits) takes the plain path. An FSDP2-sharded model runs
+``nn.Linear`` head (tied embeddings included) the fused kernel
+(`lightning_rlpt.kernels.fused_logprobs`) computes log-probs and entropy tile by tile without
+an ``[N, C, V]`` logits buffer. A peft LoRA on ``lm_head`` takes the fused path too, through its
+effective weight ``W + Σ s·B·A`` (one ``[V, H]`` temporary, the size of the head, whose gradient
+flows back to ``A`` and ``B``) when no LoRA dropout is active; any other head (DoRA, soft-capped
+logits, dropout in training mode) takes the plain path. An FSDP2-sharded model runs
 its root forward instead (``logits_to_keep`` trims the logits to the completion), so FSDP's
 hooks gather every parameter, the LM head included; the fused kernel is not used there.
 """
@@ -43,11 +46,38 @@ def completion_logprobs(
         return logits_logprobs(logits, targets, temperature, with_entropy)
     hidden = model.get_decoder()(**inputs).last_hidden_state[:, -completion_len - 1 : -1]
     head = model.get_output_embeddings()
-    if use_fused_kernel and type(head) is nn.Linear and _fused() is not None:
-        logp, ent = _fused()(hidden, head.weight, targets, bias=head.bias, temperature=temperature,
-                             return_entropy=with_entropy)
+    linear = head_as_linear(head) if use_fused_kernel and _fused() is not None else None
+    if linear is not None:
+        weight, bias = linear
+        logp, ent = _fused()(hidden, weight, targets, bias=bias, temperature=temperature, return_entropy=with_entropy)
         return logp, (ent.detach() if ent is not None else None)
     return logits_logprobs(head(hidden), targets, temperature, with_entropy)
+
+
+def head_as_linear(head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(weight [V, H], bias)`` such that ``head(x) == x @ weight.T + bias``, or None.
+
+    A plain ``nn.Linear`` gives its own parameters. A peft LoRA ``Linear`` gives
+    ``W + Σ_a scaling_a · B_a A_a`` over its active adapters (differentiable in ``A`` and ``B``),
+    provided nothing makes it more than a linear map: no DoRA, no active dropout, not merged twice.
+    """
+    if type(head) is nn.Linear:
+        return head.weight, head.bias
+    base = getattr(head, "base_layer", None)
+    if type(base) is not nn.Linear or not hasattr(head, "lora_A"):
+        return None
+    if getattr(head, "disable_adapters", False) or getattr(head, "merged", False):
+        return base.weight, base.bias
+    weight = base.weight
+    for name in head.active_adapters:
+        if name not in head.lora_A:
+            continue
+        dropout = head.lora_dropout[name]
+        if head.use_dora.get(name, False) or (head.training and not isinstance(dropout, nn.Identity)):
+            return None
+        a, b = head.lora_A[name].weight, head.lora_B[name].weight
+        weight = weight + head.scaling[name] * (b @ a).to(weight.dtype)
+    return weight, base.bias
 
 
 def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,

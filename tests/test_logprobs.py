@@ -53,3 +53,36 @@ def test_completions_end_at_eos_and_are_decoded(warm_start_dir):
         real = ids[m.bool()].tolist()
         assert (real[-1] == task.EOS_ID) != bool(trunc)
         assert text == tok.decode([t for t in real if t != task.EOS_ID])
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_lora_on_lm_head_takes_the_fused_path_with_the_same_values_and_gradients(warm_start_dir, dropout,
+                                                                                 monkeypatch):
+    from peft import LoraConfig, get_peft_model
+
+    from lightning_rlpt import logprobs as lp
+
+    kernel, calls = lp._fused(), []
+    monkeypatch.setattr(lp, "_fused", lambda: lambda *a, **k: calls.append(1) or kernel(*a, **k))
+
+    torch.manual_seed(0)
+    policy = get_peft_model(load_policy(warm_start_dir), LoraConfig(r=4, target_modules=["q_proj", "lm_head"],
+                                                                    lora_dropout=dropout, init_lora_weights=False))
+    policy.eval()  # how RLModule trains: dropout off, so LoRA on the head is a plain linear map
+    head = policy.get_output_embeddings()
+    assert lp.head_as_linear(head) is not None and type(head) is not torch.nn.Linear
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8], [1, 3, 5, 7, 9, 11]])
+    mask = torch.ones_like(ids)
+    a, b = head.lora_A["default"].weight, head.lora_B["default"].weight
+    results = []
+    for fused in (True, False):
+        logp, ent = completion_logprobs(policy, ids, mask, 3, temperature=0.7, with_entropy=True,
+                                        use_fused_kernel=fused)
+        grads = torch.autograd.grad(logp.sum(), [a, b])
+        results.append((logp.detach(), ent, grads))
+    (lf, ef, gf), (lr_, er, gr) = results
+    assert len(calls) == 1  # the fused run used the kernel, the plain run did not
+    assert torch.allclose(lf, lr_, atol=1e-5) and torch.allclose(ef, er, atol=1e-5)
+    assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(gf, gr))
+    head.train()  # active LoRA dropout makes the head stochastic: the fused path steps aside
+    assert (lp.head_as_linear(head) is None) == (dropout > 0)
