@@ -38,6 +38,8 @@ class AccuracyConditionedKL(RLCallback):
         (0.05, 0.0982)
     """
 
+    knobs = ("kl_coef", "use_reference", "rewards")
+
     def __init__(self, kl_min: float = 0.0, kl_max: float = 0.05, midpoint: float = 0.5, steepness: float = 10.0,
                  smoothing: float = 0.0):
         require(0 <= kl_min <= kl_max, f"need 0 <= kl_min <= kl_max (got kl_min={kl_min}, kl_max={kl_max}: inverted?)")
@@ -61,6 +63,7 @@ class AccuracyConditionedKL(RLCallback):
         return self.kl_coef
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "AccuracyConditionedKL")
 
     def on_rewards_computed(self, trainer, module, experience):

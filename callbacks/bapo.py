@@ -64,6 +64,8 @@ class BAPO(RLCallback):
         [(0.6, 1.2), (0.65, 1.2), (0.7, 1.2), (0.7, 1.25), (0.7, 1.3)]
     """
 
+    knobs = ("clip_low", "clip_high", "cfg")
+
     def __init__(self, target_ratio: float = 1.0, low_bounds: tuple[float, float] = (0.6, 0.9),
                  high_bounds: tuple[float, float] = (1.2, 3.0), low_step: float = 0.05, high_step: float = 0.05,
                  measure: str = "gradient", eps: float = 1e-8):
@@ -87,6 +89,7 @@ class BAPO(RLCallback):
                                         high_bounds=self.high_bounds)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         loss = getattr(pl_module, "cfg", {}).get("policy_loss")
         require(loss is None or loss in TOKEN_CLIP_LOSSES,
                 f"BAPO moves token ratio bounds, but the policy loss is {loss!r}; use one of {TOKEN_CLIP_LOSSES}")

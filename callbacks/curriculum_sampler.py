@@ -86,6 +86,8 @@ class CurriculumSampler(RLCallback):
         [0.0, 0.25, 0.0]
     """
 
+    knobs = ("rewards", "group_size")
+
     def __init__(self, weighting: str | None = "gaussian", use_as: str = "sampling", mu: float = 0.5,
                  sigma: float = 0.25, alpha: float = 1.0, beta: float = 1.0,
                  length_quantiles: tuple[float, float] = (0.3, 0.7), length_max: float | None = None,
@@ -181,6 +183,7 @@ class CurriculumSampler(RLCallback):
 
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         dm = getattr(trainer, "datamodule", None)
         self._dataset = getattr(dm, "train_set", None)
         needs_data = self.use_as == "sampling" or self.dynamic_filtering

@@ -69,6 +69,8 @@ class EntropyGatedKL(RLCallback):
         0.4495
     """
 
+    knobs = ("kl_coef", "use_reference", "rewards")
+
     def __init__(self, base_kl_coef: float | None = None, penalty_scale: float = 0.1, entropy_floor: float = 2.0,
                  min_entropy_factor: float = 0.5, entropy_eps: float = 0.1, kl_smoothing: float = 0.9,
                  reward_smoothing: float = 0.95, target_velocity: float = 0.001, kp: float = 0.3, ki: float = 0.01,
@@ -152,6 +154,7 @@ class EntropyGatedKL(RLCallback):
 
     # ------------------------------------------------------------------ Lightning / RL hooks
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "EntropyGatedKL")
         if self.base_kl_coef is None:
             self.base_kl_coef = float(pl_module.kl_coef)

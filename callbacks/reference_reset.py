@@ -58,6 +58,8 @@ class ReferenceReset(RLCallback):
         >>> trpo = ReferenceReset(mode="soft", alpha=0.6, every_n_steps=512)
     """
 
+    knobs = ("policy", "reference", "use_reference")
+
     def __init__(self, mode: str = "best", monitor: str = "val/accuracy", monitor_mode: str = "max",
                  every_n_validations: int = 3, reset_optimizer: bool = True, every_n_steps: int = 512,
                  alpha: float = 0.6):
@@ -79,6 +81,7 @@ class ReferenceReset(RLCallback):
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "ReferenceReset")
         if is_peft(pl_module.policy) and pl_module.reference is None:
             add_reference_adapter(pl_module.policy)

@@ -44,6 +44,8 @@ class ResponseWeightedKL(RLCallback):
         [0.1, 0.12, 0.1, 0.05]
     """
 
+    knobs = ("use_reference", "compute_ref_entropy")
+
     def __init__(self, b_min: float = 0.05, b_base: float = 0.10, b_max: float = 0.12, eps: float = 1e-6):
         require(0 <= b_min <= b_base <= b_max, f"need 0 <= b_min <= b_base <= b_max (got {b_min}, {b_base}, {b_max}: inverted?)")
         require(b_base > 0, f"b_base must be > 0: the weights are beta_i / b_base (got {b_base})")
@@ -62,6 +64,7 @@ class ResponseWeightedKL(RLCallback):
         return beta.clamp(min=0)
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "ResponseWeightedKL")
         pl_module.compute_ref_entropy = True
 

@@ -35,11 +35,20 @@ HOOKS = ("on_rollout_end", "on_rewards_computed", "on_advantages_computed", "on_
 class RLCallback(L.Callback):
     """Base class for callbacks that act on RL moments (see the module docstring for the order).
 
+    ``knobs`` names the module's public attributes a subclass reads or moves; ``setup`` checks
+    them (subclasses that override ``setup`` call ``super().setup`` first), so a callback on a
+    module that lacks them fails before any work, instead of silently doing nothing.
+
     Example:
         >>> class ClampRewards(RLCallback):
         ...     def on_rewards_computed(self, trainer, module, experience):
         ...         experience.rewards.clamp_(0, 1)
     """
+
+    knobs: tuple[str, ...] = ()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        check_knobs(self, pl_module)
 
     def on_rollout_end(self, trainer: L.Trainer, module: "RLModule", experience: Experience) -> Experience | None:
         return None
@@ -52,6 +61,20 @@ class RLCallback(L.Callback):
 
     def on_before_loss(self, trainer: L.Trainer, module: "RLModule", minibatch: Experience) -> Experience | None:
         return None
+
+
+def check_knobs(callback: L.Callback, module: Any) -> None:
+    """Raise if ``module`` cannot run ``callback``: a missing knob, or no RL hooks at all."""
+    from .module import RLModule
+
+    name, kind = type(callback).__name__, type(module).__name__
+    missing = [k for k in callback.knobs if not hasattr(module, k)]
+    if missing:
+        raise ValueError(f"{name} drives module.{missing[0]}, which {kind} does not have (missing: {missing}); "
+                         f"use it with lightning_rlpt.RLModule, or give your module these public attributes")
+    if not callback.knobs and not isinstance(module, RLModule):
+        raise ValueError(f"{name} acts at RLModule's hook points, which {kind} never calls: "
+                         "use it with lightning_rlpt.RLModule")
 
 
 def rl_callbacks(trainer: Any) -> list[RLCallback]:

@@ -115,7 +115,7 @@ def test_bad_arguments(kwargs, match):
 
 def test_refuses_losses_whose_knobs_are_not_token_ratio_bounds():
     with pytest.raises(ValueError, match="ctpo"):
-        BAPO().setup(None, SimpleNamespace(cfg={"policy_loss": "ctpo"}), "fit")
+        BAPO().setup(None, SimpleNamespace(cfg={"policy_loss": "ctpo"}, clip_low=0.2, clip_high=0.28), "fit")
 
 
 def test_short_fit_moves_the_clip_knobs(warm_start_dir, arithmetic_rows):

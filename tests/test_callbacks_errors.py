@@ -67,3 +67,28 @@ def test_sampling_curriculum_needs_a_prompt_datamodule(warm_start_dir, arithmeti
     loader = DataLoader(PromptDataset(arithmetic_rows[:4]), batch_size=2, collate_fn=collate_prompts)
     with pytest.raises(ValueError, match="datamodule=PromptDataModule"):
         quiet_trainer(max_steps=1, callbacks=[CurriculumSampler()]).fit(make_module(warm_start_dir), train_dataloaders=loader)
+
+
+class PlainModule(__import__("lightning").LightningModule):
+    """An ordinary LightningModule: no RL hooks, no knobs."""
+
+
+@pytest.mark.parametrize("callback, match", [
+    (lambda: RewardDithering(), r"RewardDithering acts at RLModule's hook points, which PlainModule never calls"),
+    (lambda: ESSScaledLR(), r"ESSScaledLR acts at RLModule's hook points"),
+    (lambda: EntropyGatedKL(), r"EntropyGatedKL drives module.kl_coef, which PlainModule does not have"),
+    (lambda: AccuracyConditionedKL(), r"AccuracyConditionedKL drives module.kl_coef"),
+    (lambda: ResponseWeightedKL(), r"ResponseWeightedKL drives module.use_reference"),
+    (lambda: ReferenceReset(mode="hard"), r"ReferenceReset drives module.policy"),
+    (lambda: CurriculumSampler(use_as="loss"), r"CurriculumSampler drives module.rewards"),
+])
+def test_a_module_without_the_knob_is_named_at_setup(callback, match):
+    with pytest.raises(ValueError, match=match):
+        callback().setup(None, PlainModule(), "fit")
+
+
+def test_bapo_on_a_module_without_clip_knobs():
+    from lightning_rlpt.callbacks import BAPO
+
+    with pytest.raises(ValueError, match=r"BAPO drives module.clip_low"):
+        BAPO().setup(None, PlainModule(), "fit")
