@@ -7,7 +7,10 @@ means) on both sides, temperature 1. Each run is its own process (peak RSS per r
 engines alternate run by run so machine drift hits all of them.
 
 - throughput: random init (so every completion runs to the 32-token budget), median step
-  time and generated tokens/s including the update.
+  time and generated tokens/s including the update, at two sizes: the demo's model (2 × 128,
+  the 15-symbol vocabulary) and a 4 × 256 model whose vocabulary is padded with unused tokens
+  to 32,000 (the LM head then costs what it costs in a real model). For lightning-rlpt the
+  step is split into rollout, weight sync and the rest (log-probs, loss, backward, optimizer).
 - curves: from the shipped warm start, reward per step and held-out greedy accuracy (300 sums)
   every ``--eval-every`` steps.
 
@@ -39,7 +42,18 @@ class Meter:
 
     def __init__(self):
         self.tokens, self.step_times, self.rewards, self.accuracy = 0, [], [], []
+        self.parts: list[dict[str, float]] = [{}]  # per step: seconds in rollout / sync
         self._t0 = None
+
+    def timed(self, part: str, fn):
+        """``fn`` whose wall time is added to this step's ``part``."""
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.parts[-1][part] = self.parts[-1].get(part, 0.0) + time.perf_counter() - start
+        return wrapper
 
     def counting_reward(self, prompts, completions, completion_ids, **_):
         self.tokens += sum(len(c) for c in completion_ids)
@@ -50,15 +64,29 @@ class Meter:
 
     def stop(self):
         self.step_times.append(time.perf_counter() - self._t0)
+        self.parts.append({})
 
 
-def model_dir(mode: str, tmp: str) -> str:
+SIZES = {"small": dict(vocab=15, hidden=128, layers=2), "vocab32k": dict(vocab=32000, hidden=256, layers=4)}
+
+
+def model_dir(mode: str, size: str, tmp: str) -> str:
+    """The warm start for curves; for throughput a random-init Llama of ``SIZES[size]``, its
+    character tokenizer padded with unused tokens up to the vocabulary size."""
     import task
+    from transformers import LlamaConfig, LlamaForCausalLM
     if mode == "curves":
         return os.path.join(ROOT, "examples", "arithmetic", "warm_start")
-    model = task.build_model(seed=0)
-    model.save_pretrained(tmp)
-    task.build_tokenizer().save_pretrained(tmp)
+    shape = SIZES[size]
+    tokenizer = task.build_tokenizer()
+    tokenizer.add_tokens([f"<unused{i}>" for i in range(shape["vocab"] - len(tokenizer))])
+    config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=2 * shape["hidden"],
+                         num_hidden_layers=shape["layers"], num_attention_heads=shape["hidden"] // 64,
+                         num_key_value_heads=shape["hidden"] // 64, head_dim=64, max_position_embeddings=64,
+                         bos_token_id=task.BOS_ID, eos_token_id=task.EOS_ID, pad_token_id=task.PAD_ID,
+                         tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
     return tmp
 
 
@@ -112,6 +140,12 @@ def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, 
     from lightning_rlpt import PromptDataModule, RLModule
 
     class Timing(L.Callback):
+        def on_train_start(self, trainer, module):
+            engine = module.engine
+            engine.generate = meter.timed("rollout", engine.generate)
+            if hasattr(engine, "sync_weights"):
+                engine.sync_weights = meter.timed("sync", engine.sync_weights)
+
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             meter.start()
 
@@ -136,12 +170,12 @@ def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, 
     trainer.fit(module, datamodule=data)
 
 
-def worker(engine: str, mode: str, steps: int, eval_every: int, out: str) -> None:
+def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: str) -> None:
     import torch
     torch.manual_seed(0)
     meter = Meter()
     with tempfile.TemporaryDirectory() as tmp:
-        path = model_dir(mode, tmp)
+        path = model_dir(mode, size, tmp)
         start = time.perf_counter()
         if engine == "trl":
             run_trl(mode, steps, eval_every, meter, path)
@@ -149,7 +183,10 @@ def worker(engine: str, mode: str, steps: int, eval_every: int, out: str) -> Non
             run_ours(engine, mode, steps, eval_every, meter, path)
         total = time.perf_counter() - start
     steady = meter.step_times[1:] or meter.step_times  # the first step pays warm-up
-    result = {"engine": engine, "mode": mode, "steps": len(meter.step_times), "tokens": meter.tokens,
+    parts = meter.parts[1:len(meter.step_times)] or meter.parts[:1]
+    profile = {k: statistics.median(p.get(k, 0.0) for p in parts) for k in ("rollout", "sync")}
+    result = {"engine": engine, "mode": mode, "size": size, "steps": len(meter.step_times), "tokens": meter.tokens,
+              "profile": profile,
               "median_step_s": statistics.median(steady), "tokens_per_s": meter.tokens / sum(meter.step_times),
               "wall_s": total, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "rewards": meter.rewards, "accuracy": meter.accuracy}
@@ -157,10 +194,10 @@ def worker(engine: str, mode: str, steps: int, eval_every: int, out: str) -> Non
         json.dump(result, f)
 
 
-def launch(engine: str, mode: str, steps: int, eval_every: int) -> dict:
+def launch(engine: str, mode: str, steps: int, eval_every: int, size: str = "small") -> dict:
     out = tempfile.mktemp(suffix=".json")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, __file__, "--worker", engine, "--mode", mode, "--steps", str(steps),
+    cmd = [sys.executable, __file__, "--worker", engine, "--mode", mode, "--size", size, "--steps", str(steps),
            "--eval-every", str(eval_every), "--out", out]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -174,12 +211,15 @@ NAMES = {"trl": "TRL GRPOTrainer (generate)", "hf": "lightning-rlpt, HF engine",
 
 def table(runs: list[dict]) -> str:
     base = statistics.median([r["tokens_per_s"] for r in runs if r["engine"] == "trl"] or [float("nan")])
-    lines = ["| engine | median step (s) | generated tokens/s | × TRL | peak RSS (MB) |", "|---|---|---|---|---|"]
+    lines = ["| engine | median step (s) | rollout / weight sync / rest (s) | generated tokens/s | × TRL | peak RSS (MB) |",
+             "|---|---|---|---|---|---|"]
     for engine in dict.fromkeys(r["engine"] for r in runs):
         rs = [r for r in runs if r["engine"] == engine]
-        tps = statistics.median(r["tokens_per_s"] for r in rs)
-        lines.append(f"| {NAMES[engine]} | {statistics.median(r['median_step_s'] for r in rs):.2f} | {tps:,.0f} | "
-                     f"{tps / base:.2f} | {max(r['peak_rss_mb'] for r in rs):,.0f} |")
+        tps, step = statistics.median(r["tokens_per_s"] for r in rs), statistics.median(r["median_step_s"] for r in rs)
+        roll, sync = (statistics.median(r["profile"][k] for r in rs) for k in ("rollout", "sync"))
+        split = "—" if engine == "trl" else f"{roll:.2f} / {sync:.2f} / {max(step - roll - sync, 0):.2f}"
+        lines.append(f"| {NAMES[engine]} | {step:.2f} | {split} | {tps:,.0f} | {tps / base:.2f} | "
+                     f"{max(r['peak_rss_mb'] for r in rs):,.0f} |")
     return "\n".join(lines)
 
 
@@ -222,19 +262,24 @@ def main() -> None:
     p.add_argument("--results", default=os.path.join(HERE, "results"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument("--size", default="small", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"throughput model sizes, from {list(SIZES)}")
     p.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        return worker(args.worker, args.mode, args.steps, args.eval_every, args.out)
+        return worker(args.worker, args.mode, args.size, args.steps, args.eval_every, args.out)
     engines = args.engines.split(",")
     os.makedirs(args.results, exist_ok=True)
     report, runs = [f"machine: {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}"], {}
     if "throughput" in args.phases:
-        runs["throughput"] = [launch(e, "throughput", args.throughput_steps, args.eval_every)
-                              for _ in range(args.repeats) for e in engines]
-        report += ["", f"### Throughput (random init, 128 completions × 32 tokens per step, {args.throughput_steps} steps)",
-                   "", table(runs["throughput"])]
+        for size in args.sizes.split(","):
+            runs[f"throughput_{size}"] = rs = [launch(e, "throughput", args.throughput_steps, args.eval_every, size)
+                                               for _ in range(args.repeats) for e in engines]
+            shape = SIZES[size]
+            report += ["", f"### Throughput: {shape['layers']} × {shape['hidden']} Llama, vocabulary {shape['vocab']:,} "
+                       f"(random init, 128 completions × 32 tokens per step, {args.throughput_steps} steps)",
+                       "", table(rs)]
     if "curves" in args.phases:
         runs["curves"] = [launch(e, "curves", args.curve_steps, args.eval_every) for e in engines]
         report += ["", f"### Learning curves (warm start, {args.curve_steps} steps)", "", curves_table(runs["curves"]),
