@@ -183,8 +183,10 @@ def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: 
             run_ours(engine, mode, steps, eval_every, meter, path)
         total = time.perf_counter() - start
     steady = meter.step_times[1:] or meter.step_times  # the first step pays warm-up
-    parts = meter.parts[1:len(meter.step_times)] or meter.parts[:1]
-    profile = {k: statistics.median(p.get(k, 0.0) for p in parts) for k in ("rollout", "sync")}
+    parts = meter.parts[1:len(meter.step_times)] if len(meter.step_times) > 1 else meter.parts[:1]
+    for p, t in zip(parts, steady):  # per step: what is neither rollout nor sync
+        p["rest"] = t - p.get("rollout", 0.0) - p.get("sync", 0.0)
+    profile = {k: statistics.median(p.get(k, 0.0) for p in parts) for k in ("rollout", "sync", "rest")}
     result = {"engine": engine, "mode": mode, "size": size, "steps": len(meter.step_times), "tokens": meter.tokens,
               "profile": profile,
               "median_step_s": statistics.median(steady), "tokens_per_s": meter.tokens / sum(meter.step_times),
@@ -216,8 +218,8 @@ def table(runs: list[dict]) -> str:
     for engine in dict.fromkeys(r["engine"] for r in runs):
         rs = [r for r in runs if r["engine"] == engine]
         tps, step = statistics.median(r["tokens_per_s"] for r in rs), statistics.median(r["median_step_s"] for r in rs)
-        roll, sync = (statistics.median(r["profile"][k] for r in rs) for k in ("rollout", "sync"))
-        split = "—" if engine == "trl" else f"{roll:.2f} / {sync:.2f} / {max(step - roll - sync, 0):.2f}"
+        roll, sync, rest = (statistics.median(r["profile"][k] for r in rs) for k in ("rollout", "sync", "rest"))
+        split = "—" if engine == "trl" else f"{roll:.2f} / {sync:.2f} / {rest:.2f}"
         lines.append(f"| {NAMES[engine]} | {step:.2f} | {split} | {tps:,.0f} | {tps / base:.2f} | "
                      f"{max(r['peak_rss_mb'] for r in rs):,.0f} |")
     return "\n".join(lines)
@@ -255,7 +257,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", default="trl,hf,vllm")
     p.add_argument("--throughput-steps", type=int, default=6)
-    p.add_argument("--repeats", type=int, default=2, help="alternating throughput runs per engine")
+    p.add_argument("--repeats", type=int, default=3, help="alternating throughput runs per engine")
     p.add_argument("--curve-steps", type=int, default=60)
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--phases", default="throughput,curves")
