@@ -62,6 +62,8 @@ class ESSScaledLR(RLCallback):
         (0.5, 0.5)
     """
 
+    knobs = ("needs_old_logprobs", "engine")
+
     def __init__(self, rule: str = "sqrt", rho_base: float = 1.0, truncation: float = 8.0, use_truncated: bool = False,
                  tolerance: float = 1e-6, baseline: str | None = None, grad_norm_proxy: str = "none"):
         require(rule in RULES, f"rule must be one of {RULES} (got {rule!r})")
@@ -93,6 +95,10 @@ class ESSScaledLR(RLCallback):
         return ratio, math.sqrt(scale) if self.rule == "sqrt" else scale
 
     # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        pl_module.needs_old_logprobs = True  # the ESS is measured before the loss, from π_old / π_behaviour
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         engine = pl_module.engine
         if getattr(engine, "return_logprobs", True) is False:

@@ -7,7 +7,8 @@ from typing import Any
 import lightning as L
 
 from lightning_rlpt.rollout import RolloutEngine
-from lightning_rlpt.vllm_engine import VLLMEngine, context_length, import_vllm, model_config
+from lightning_rlpt.vllm_checks import context_length, import_vllm, model_config
+from lightning_rlpt.vllm_engine import VLLMEngine
 from lightning_rlpt.weight_sync import check_not_repacked
 
 

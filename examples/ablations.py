@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import statistics
 import sys
 import time
 
@@ -75,7 +76,7 @@ def summarise(rows: list[dict[str, str]], target: float, seconds: float) -> dict
 
     val = column("val/accuracy", shift=1)  # logged at the step index before the validation
     reached = [s for s, v in val if v >= target]
-    mean = lambda xs: sum(v for _, v in xs) / max(len(xs), 1)  # noqa: E731
+    mean = lambda xs: sum(v for _, v in xs) / len(xs) if xs else float("nan")  # noqa: E731
     return {"final_accuracy": val[-1][1] if val else float("nan"), "steps_to_target": reached[0] if reached else None,
             "mean_kl": mean(column("kl")), "mean_entropy": mean(column("entropy")), "seconds": seconds,
             "curve": val}
@@ -86,9 +87,11 @@ def combine(runs: list[dict]) -> dict:
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     finals = [r["final_accuracy"] for r in runs]
     reached = [r["steps_to_target"] for r in runs if r["steps_to_target"] is not None]
-    curve = [(step, mean([r["curve"][i][1] for r in runs])) for i, (step, _) in enumerate(runs[0]["curve"])]
+    by_step = [dict(r["curve"]) for r in runs]
+    steps = sorted(set.intersection(*(set(c) for c in by_step)))  # validations every seed ran
+    curve = [(step, mean([c[step] for c in by_step])) for step in steps]
     return {"final_accuracy": mean(finals), "final_spread": max(finals) - min(finals),
-            "steps_to_target": sorted(reached)[len(reached) // 2] if len(reached) == len(runs) else None,
+            "steps_to_target": statistics.median(reached) if len(reached) == len(runs) else None,
             "mean_kl": mean([r["mean_kl"] for r in runs]), "mean_entropy": mean([r["mean_entropy"] for r in runs]),
             "seconds": sum(r["seconds"] for r in runs), "curve": curve}
 
@@ -97,7 +100,7 @@ def write_table(results: dict[str, dict], args: argparse.Namespace) -> str:
     lines = [f"| arm | final held-out accuracy (± half the range over seeds) | median steps to {args.target:.0%} | mean KL | "
              "mean entropy | CPU s (all seeds) |", "|---|---|---|---|---|---|"]
     for name, r in results.items():
-        steps = str(r["steps_to_target"]) if r["steps_to_target"] is not None else f"> {args.steps} (some seed)"
+        steps = f"{r['steps_to_target']:g}" if r["steps_to_target"] is not None else f"> {args.steps} (some seed)"
         lines.append(f"| {name} | {r['final_accuracy']:.1%} ± {r['final_spread'] / 2:.1%} | {steps} | "
                      f"{r['mean_kl']:.4f} | {r['mean_entropy']:.3f} | {r['seconds']:.0f} |")
     table = "\n".join(lines)

@@ -8,8 +8,9 @@ order they are listed on the Trainer:
 2. ``on_rewards_computed(trainer, module, experience)`` — ``rewards`` and
    ``rewards_per_func`` set. Edit rewards here (reward dithering), or return a smaller
    `Experience` (dynamic filtering), or record pass rates (curricula).
-3. ``on_advantages_computed(trainer, module, experience)`` — ``advantages``,
-   ``old_logprobs`` / ``ref_logprobs`` (when used) set. Set ``sample_weights``,
+3. ``on_advantages_computed(trainer, module, experience)`` — ``advantages`` and
+   ``ref_logprobs`` (with a reference) set; ``old_logprobs`` too when the rollout is reused
+   (μ > 1, several mini-batches) or the callback set ``module.needs_old_logprobs`` in ``setup``. Set ``sample_weights``,
    ``token_weights`` or ``kl_weights`` here.
 4. ``on_before_loss(trainer, module, minibatch)`` — once per optimizer step, on the
    mini-batch about to be trained on; the place to move the module's knobs
@@ -68,13 +69,13 @@ def check_knobs(callback: L.Callback, module: Any) -> None:
     from .module import RLModule
 
     name, kind = type(callback).__name__, type(module).__name__
-    missing = [k for k in callback.knobs if not hasattr(module, k)]
+    missing = [k for k in getattr(callback, "knobs", ()) if not hasattr(module, k)]
     if missing:
         raise ValueError(f"{name} drives module.{missing[0]}, which {kind} does not have (missing: {missing}); "
-                         f"use it with lightning_rlpt.RLModule, or give your module these public attributes")
-    if not callback.knobs and not isinstance(module, RLModule):
-        raise ValueError(f"{name} acts at RLModule's hook points, which {kind} never calls: "
                          "use it with lightning_rlpt.RLModule")
+    if not isinstance(module, RLModule):  # only RLModule calls the RL hooks: the callback would do nothing
+        raise ValueError(f"{name} acts at RLModule's hook points, which {kind} never calls: "
+                         "use it with lightning_rlpt.RLModule (or a subclass)")
 
 
 def rl_callbacks(trainer: Any) -> list[RLCallback]:

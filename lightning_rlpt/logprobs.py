@@ -59,21 +59,25 @@ def head_as_linear(head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] 
 
     A plain ``nn.Linear`` gives its own parameters. A peft LoRA ``Linear`` gives
     ``W + Σ_a scaling_a · B_a A_a`` over its active adapters (differentiable in ``A`` and ``B``),
-    provided nothing makes it more than a linear map: no DoRA, no active dropout, not merged twice.
+    provided it is just that: no DoRA or other LoRA variant, no LoRA bias, no active dropout.
     """
     if type(head) is nn.Linear:
         return head.weight, head.bias
     base = getattr(head, "base_layer", None)
     if type(base) is not nn.Linear or not hasattr(head, "lora_A"):
         return None
-    if getattr(head, "disable_adapters", False) or getattr(head, "merged", False):
+    if getattr(head, "merged", False):  # base.weight holds the adapters; peft unmerges to disable them
+        return None if getattr(head, "disable_adapters", False) else (base.weight, base.bias)
+    if getattr(head, "disable_adapters", False):
         return base.weight, base.bias
     weight = base.weight
     for name in head.active_adapters:
         if name not in head.lora_A:
             continue
         dropout = head.lora_dropout[name]
-        if head.use_dora.get(name, False) or (head.training and not isinstance(dropout, nn.Identity)):
+        variant = name in getattr(head, "lora_variant", {}) or getattr(head, "use_dora", {}).get(name, False)
+        if variant or getattr(head, "lora_bias", {}).get(name, False) or (
+                head.training and not isinstance(dropout, nn.Identity)):
             return None
         a, b = head.lora_A[name].weight, head.lora_B[name].weight
         weight = weight + head.scaling[name] * (b @ a).to(weight.dtype)

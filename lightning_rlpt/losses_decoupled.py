@@ -66,7 +66,8 @@ def decoupled_ppo_loss(
     ``α = max(s - lag, 0)/s``: a rollout at most ``lag`` steps old uses the behaviour policy
     as its proximal one (plain PPO against ``π_behav``, weight 1).
     ``proximal="recomputed"`` uses the learner's recomputed rollout-time log-probs
-    (``old_logprobs``; the module computes them whenever behaviour log-probs exist) instead.
+    (``old_logprobs``: recomputed when the rollout is reused, else the detached current ones,
+    which at μ = 1 are the same numbers) instead.
     ``behaviour_weight_cap``: tokens whose weight exceeds it are dropped (AReaL's
     ``behav_imp_weight_cap``); None keeps all.
 

@@ -147,6 +147,8 @@ class RLModule(L.LightningModule):
         self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
         # Set by callbacks that need the reference's per-token entropy (``info["ref_entropy"]``).
         self.compute_ref_entropy = False
+        # Set by callbacks that read ``old_logprobs`` before the loss (e.g. ESSScaledLR).
+        self.needs_old_logprobs = False
         self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error)
         self.sampling = SamplingConfig.coerce(generation)
         self.val_sampling = SamplingConfig.coerce(
@@ -244,13 +246,18 @@ class RLModule(L.LightningModule):
 
     @torch.no_grad()
     def _fill_logprobs(self, exp: Experience) -> None:
-        """Old log-probs when the rollout is reused (μ > 1, several mini-batches) or must be
-        compared with the engine's; reference ones (and entropies on request) for KL."""
+        """Old log-probs when the rollout is reused (μ > 1, several mini-batches) or a callback
+        asks for them (``needs_old_logprobs``); reference ones (and entropies on request) for KL.
+
+        A single on-policy pass needs no extra forward: before its one optimizer step the policy
+        *is* the old policy, so the loss takes the detached current log-probs as old ones (and
+        compares them with the engine's behaviour log-probs there), as TRL and verl do at μ = 1.
+        """
         reused = self.hparams.updates_per_rollout > 1 or self._num_minibatches(len(exp)) > 1
-        if reused or exp.behaviour_logprobs is not None:
+        if reused or self.needs_old_logprobs:
             exp.old_logprobs = self._logprobs(self.policy, exp)[0]
-        if exp.behaviour_logprobs is not None:
-            self._log_dict(mismatch_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.completion_mask.float()))
+            if exp.behaviour_logprobs is not None:
+                self._log_dict(mismatch_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.completion_mask.float()))
         if self.use_reference:
             with reference_context(self.policy, self.reference) as ref:
                 exp.ref_logprobs, ref_entropy = self._logprobs(ref, exp, with_entropy=self.compute_ref_entropy)
@@ -310,6 +317,8 @@ class RLModule(L.LightningModule):
 
         logp, entropy = self._logprobs(self.policy, mb, with_entropy=True)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        if mb.old_logprobs is None and mb.behaviour_logprobs is not None:  # the single pass of `_fill_logprobs`
+            self._log_dict(mismatch_metrics(old, mb.behaviour_logprobs, mask))
         loss_fn = POLICY_LOSSES.get(self.cfg["policy_loss"])
         per_token, stats = loss_fn(
             logp, old, mb.advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,

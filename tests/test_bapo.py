@@ -113,9 +113,10 @@ def test_bad_arguments(kwargs, match):
         BAPO(**kwargs)
 
 
-def test_refuses_losses_whose_knobs_are_not_token_ratio_bounds():
+def test_refuses_losses_whose_knobs_are_not_token_ratio_bounds(warm_start_dir):
+    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], objective="ctpo", group_size=4)
     with pytest.raises(ValueError, match="ctpo"):
-        BAPO().setup(None, SimpleNamespace(cfg={"policy_loss": "ctpo"}, clip_low=0.2, clip_high=0.28), "fit")
+        BAPO().setup(None, module, "fit")
 
 
 def test_short_fit_moves_the_clip_knobs(warm_start_dir, arithmetic_rows):

@@ -75,7 +75,7 @@ class PlainModule(__import__("lightning").LightningModule):
 
 @pytest.mark.parametrize("callback, match", [
     (lambda: RewardDithering(), r"RewardDithering acts at RLModule's hook points, which PlainModule never calls"),
-    (lambda: ESSScaledLR(), r"ESSScaledLR acts at RLModule's hook points"),
+    (lambda: ESSScaledLR(), r"ESSScaledLR drives module.needs_old_logprobs"),
     (lambda: EntropyGatedKL(), r"EntropyGatedKL drives module.kl_coef, which PlainModule does not have"),
     (lambda: AccuracyConditionedKL(), r"AccuracyConditionedKL drives module.kl_coef"),
     (lambda: ResponseWeightedKL(), r"ResponseWeightedKL drives module.use_reference"),
@@ -92,3 +92,10 @@ def test_bapo_on_a_module_without_clip_knobs():
 
     with pytest.raises(ValueError, match=r"BAPO drives module.clip_low"):
         BAPO().setup(None, PlainModule(), "fit")
+
+
+def test_a_module_with_the_knobs_but_no_rl_hooks_is_refused():
+    module = PlainModule()
+    module.kl_coef, module.use_reference, module.rewards = 0.1, True, None
+    with pytest.raises(ValueError, match=r"AccuracyConditionedKL acts at RLModule's hook points, which PlainModule never"):
+        AccuracyConditionedKL().setup(None, module, "fit")

@@ -117,7 +117,8 @@ def test_missing_checkpoint_and_a_used_out_dir(tmp_path):
 @pytest.mark.parametrize("trained", ["lora"], indirect=True)  # one vLLM start: the merged LoRA export
 def test_vllm_serves_the_export_with_hfs_greedy_tokens(trained, tmp_path):
     _, _, ckpt = trained
-    from lightning_rlpt.vllm_engine import import_vllm, preserved_global_rng
+    from lightning_rlpt.vllm_checks import import_vllm
+    from lightning_rlpt.vllm_engine import preserved_global_rng
 
     import_vllm()  # sets VLLM_ENABLE_V1_MULTIPROCESSING=0 before `import vllm`: in-process engine
     from vllm import LLM, SamplingParams

@@ -86,3 +86,21 @@ def test_lora_on_lm_head_takes_the_fused_path_with_the_same_values_and_gradients
     assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(gf, gr))
     head.train()  # active LoRA dropout makes the head stochastic: the fused path steps aside
     assert (lp.head_as_linear(head) is None) == (dropout > 0)
+
+
+def test_lora_heads_that_are_not_a_plain_linear_map_take_the_plain_path(warm_start_dir):
+    from peft import LoraConfig, get_peft_model
+
+    from lightning_rlpt.logprobs import head_as_linear
+
+    def head(**lora):
+        policy = get_peft_model(load_policy(warm_start_dir), LoraConfig(r=4, target_modules=["lm_head"], **lora))
+        return policy.eval(), policy.get_output_embeddings()
+
+    assert head_as_linear(head(lora_bias=True)[1]) is None
+    assert head_as_linear(head(use_dora=True)[1]) is None
+    policy, lm_head = head(init_lora_weights=False)
+    lm_head.merge()
+    assert head_as_linear(lm_head)[0] is lm_head.base_layer.weight  # merged: the base weight is the head
+    with policy.disable_adapter():
+        assert head_as_linear(lm_head) is None  # merged but disabled: peft unmerges, so step aside

@@ -75,6 +75,10 @@ class MismatchProbe(RLCallback):
     def __init__(self):
         self.rows = []
 
+    def setup(self, trainer, pl_module, stage):
+        super().setup(trainer, pl_module, stage)
+        pl_module.needs_old_logprobs = True  # read before the loss: ask the module to recompute them
+
     def on_advantages_computed(self, trainer, module, exp):
         mask = exp.completion_mask.float()
         diff = ((exp.old_logprobs - exp.behaviour_logprobs).abs() * mask).max().item()
@@ -110,3 +114,18 @@ def test_sync_every_1_keeps_the_ratio_at_one(engine, warm_start_dir, arithmetic_
     assert all(diff < ATOL for _, _, diff, _ in rows)
     assert abs(metrics["sampling/importance_sampling_ratio/min"].item() - 1) < ATOL
     assert abs(metrics["sampling/importance_sampling_ratio/max"].item() - 1) < ATOL
+
+
+@pytest.mark.parametrize("sync_every", [1, 3])
+def test_single_pass_measures_the_mismatch_in_the_loss_without_an_extra_forward(engine, warm_start_dir,
+                                                                                 arithmetic_rows, sync_every):
+    module = make_module(warm_start_dir, temperature=0.7, lr=1e-3)
+    calls = []
+    forward = module._logprobs
+    module._logprobs = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    trainer = quiet_trainer(max_steps=3, callbacks=[VLLMRollout(engine=engine, sync_every=sync_every)])
+    trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=8))
+    assert len(calls) == 3 and not module.use_reference  # one policy forward per step, the loss's own
+    deviation = abs(trainer.callback_metrics["sampling/importance_sampling_ratio/max"].item() - 1)
+    # sync_every=3: the last step's rollout came from the step-0 weights, two updates behind
+    assert deviation < ATOL if sync_every == 1 else deviation > 1e-3
