@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from lightning_rlpt import collect
 from lightning_rlpt.data import collate_prompts
 from lightning_rlpt.experience import Experience
 from lightning_rlpt.hooks import rl_callbacks
@@ -16,14 +15,8 @@ def rollout_more(trainer: Any, module: Any, rows: list[dict[str, Any]], seed: in
     """Roll out ``rows`` and score them, running every RL callback's ``on_rollout_end`` and the
     ``on_rewards_computed`` of the callbacks listed before ``upto``, so the new groups look like
     the rest of the batch (e.g. dithered) when they join it."""
-    batch = collate_prompts(rows)
-    exp, _ = collect.rollout(module.engine, module.tokenizer, batch, module.group_size, module.sampling, seed,
-                             module.device, module.hparams.seed_per_prompt)
-    exp.policy_version = getattr(module.engine, "policy_version", module.policy_version)
+    exp, _, _ = module.rollout_and_score(collate_prompts(rows), seed)
     callbacks = rl_callbacks(trainer)
-    for cb in callbacks:
-        exp = cb.on_rollout_end(trainer, module, exp) or exp
-    collect.score(exp, module.rewards)
     for cb in callbacks[:callbacks.index(upto)]:
         exp = cb.on_rewards_computed(trainer, module, exp) or exp
     return exp

@@ -86,7 +86,7 @@ class CurriculumSampler(RLCallback):
         [0.0, 0.25, 0.0]
     """
 
-    knobs = ("rewards", "group_size")
+    knobs = ("rewards", "group_size", "rollout_and_score")
 
     def __init__(self, weighting: str | None = "gaussian", use_as: str = "sampling", mu: float = 0.5,
                  sigma: float = 0.25, alpha: float = 1.0, beta: float = 1.0,

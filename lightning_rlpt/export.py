@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .models import REFERENCE_ADAPTER, add_reference_adapter, is_peft, load_policy
+from .models import REFERENCE_ADAPTER, add_reference_adapter, is_peft, load_policy, load_tokenizer
 from .weight_sync import policy_weights
 
 PREFIX = "policy."  # RLModule keeps the trained model as ``self.policy``
@@ -69,7 +69,7 @@ def export_checkpoint(ckpt_path: str, out_dir: str, *, merge_lora: bool = True, 
         raise ValueError(f"{ckpt_path!r} is a full fine-tune: it has no LoRA adapter to save alone. "
                          "Export it without --adapter-only (merge_lora=True)")
     load_policy_state(policy, ckpt["state_dict"], base, ckpt_path)
-    tokenizer = _tokenizer(base)
+    tokenizer = load_tokenizer(base, None)  # as training loaded it (EOS as pad when it has none)
     if not is_peft(policy):
         policy.save_pretrained(out_dir)
     elif merge_lora:
@@ -184,12 +184,6 @@ def merged_model(policy: nn.Module, base: str, hparams: dict[str, Any]) -> nn.Mo
     if params:
         raise ValueError(f"the merged policy gave no value for {sorted(params)[:3]} of {base!r}")
     return dense
-
-
-def _tokenizer(base: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(base)
 
 
 def _portable(base: str) -> str:

@@ -220,11 +220,7 @@ class RLModule(L.LightningModule):
     # ---------------------------------------------------------------- experience
     def make_experience(self, batch: dict[str, list[Any]]) -> Experience | None:
         """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
-        exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling,
-                                   self._next_seed(), self.device, self.hparams.seed_per_prompt)
-        exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
-        exp = call_hook(self.trainer, self, "on_rollout_end", exp)
-        failures = collect.score(exp, self.rewards)
+        exp, failures, cut = self.rollout_and_score(batch, self._next_seed())
         self._log_rollout(exp, failures, cut)
         exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
         if len(exp) == 0:
@@ -232,6 +228,15 @@ class RLModule(L.LightningModule):
         self._fill_logprobs(exp)
         exp.advantages = compute_advantages(self.cfg["advantage"], exp.rewards, self.group_size, **self.advantage_kwargs)
         return call_hook(self.trainer, self, "on_advantages_computed", exp)
+
+    def rollout_and_score(self, batch: dict[str, list[Any]], seed: int) -> tuple[Experience, dict[str, int], int]:
+        """Sample G completions per prompt, run ``on_rollout_end``, score them: the experience,
+        reward failures per function and how many prompts were cut (also used by refills)."""
+        exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling, seed,
+                                   self.device, self.hparams.seed_per_prompt)
+        exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
+        exp = call_hook(self.trainer, self, "on_rollout_end", exp)
+        return exp, collect.score(exp, self.rewards), cut
 
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
         """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""
