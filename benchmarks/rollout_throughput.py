@@ -3,8 +3,8 @@
 Both engines sample the same rollout shape as a GRPO step (16 prompts × 8 completions × 32 new
 tokens, fp32, temperature 1) from the same randomly initialised Llama (4 layers × 256 wide,
 head_dim 64), once with the arithmetic demo's 15-symbol vocabulary and once padded to 32,000
-entries, since the LM head dominates at realistic vocabularies (see
-shared/reference/environment.md). Completions end at EOS or ``--new-tokens``: with 15 symbols a
+entries, since the LM head dominates at realistic vocabularies (the README's profile of a
+GRPO step shows it). Completions end at EOS or ``--new-tokens``: with 15 symbols a
 random model stops early (EOS has p ≈ 1/15 per token), with 32,000 almost never; the rate
 counts the tokens actually generated (``transformers.generate`` keeps stepping finished rows
 until the longest one ends, which is part of what is measured).

@@ -1,6 +1,7 @@
 """Small helpers the seed-method callbacks share (not part of the public API)."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -49,3 +50,10 @@ def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-row mean over real tokens: ``[N, C] -> [N]``."""
     mask = mask.to(values.dtype)
     return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def seeded_generator(*keys: int) -> torch.Generator:
+    """A generator determined by ``keys`` alone (e.g. seed, step, rank): streams that differ per
+    rank and per step, yet need no saved state to resume exactly — only the keys."""
+    digest = hashlib.sha256(repr(tuple(int(k) for k in keys)).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)

@@ -8,17 +8,13 @@ import torch
 
 from lightning_rlpt.data import collate_prompts
 from lightning_rlpt.experience import Experience
-from lightning_rlpt.hooks import rl_callbacks
 
 
-def rollout_more(trainer: Any, module: Any, rows: list[dict[str, Any]], seed: int, upto: Any) -> Experience:
-    """Roll out ``rows`` and score them, running every RL callback's ``on_rollout_end`` and the
-    ``on_rewards_computed`` of the callbacks listed before ``upto``, so the new groups look like
-    the rest of the batch (e.g. dithered) when they join it."""
+def rollout_more(module: Any, rows: list[dict[str, Any]], seed: int) -> Experience:
+    """Roll out ``rows`` and score them (every RL callback's ``on_rollout_end`` runs on them).
+    Nothing else runs: the batch they join goes through ``on_rewards_computed`` once it is
+    assembled, so per-sample transforms and controllers see each sample exactly once."""
     exp, _, _ = module.rollout_and_score(collate_prompts(rows), seed)
-    callbacks = rl_callbacks(trainer)
-    for cb in callbacks[:callbacks.index(upto)]:
-        exp = cb.on_rewards_computed(trainer, module, exp) or exp
     return exp
 
 

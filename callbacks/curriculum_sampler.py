@@ -10,7 +10,7 @@ from lightning_rlpt.hooks import RLCallback
 from lightning_rlpt.weighted_sampler import WeightedEpochSampler
 
 from . import _refill
-from ._common import log_metrics, raw_scores, require
+from ._common import log_metrics, raw_scores, require, seeded_generator
 
 WEIGHTINGS = ("gaussian", "beta", "sqrt_variance", "length", None)
 USES = ("sampling", "loss")
@@ -46,18 +46,25 @@ class CurriculumSampler(RLCallback):
       quantiles over the prompts being weighted; quantiles (open) 0.3/0.7.
 
     ``use_as="sampling"`` installs a `WeightedEpochSampler` on the `PromptDataModule`: each
-    (sampler) epoch draws ``epoch_size`` prompts without replacement from the weights of the
-    epoch start; smaller ``epoch_size`` refreshes the curriculum more often. ``use_as="loss"``
+    (sampler) epoch draws ``epoch_size`` prompts from the weights of the epoch start, *with
+    replacement* by default, so a prompt is trained on in proportion to its weight (the papers
+    sample prompts by weight; a draw without replacement of every prompt would be a mere
+    reordering). Smaller ``epoch_size`` refreshes the curriculum more often. ``use_as="loss"``
     keeps the data order and writes the weights, divided by their batch mean (SC-SDPO's
     batch-adaptive normaliser, used for all weightings), into ``experience.sample_weights``.
 
-    ``dynamic_filtering`` (DAPO, Yu et al., arXiv 2503.14476): in ``on_rewards_computed``
+    ``dynamic_filtering`` (DAPO, Yu et al., arXiv 2503.14476): in ``on_rollout_scored``
     groups whose raw scores are all equal are dropped, and prompts drawn from the current
     weights (uniformly with ``use_as="loss"`` or no weighting) are rolled out to refill the
     batch, for at most ``max_refill_rounds`` rounds (then the batch trains smaller; with no
     informative group at all it trains on the batch as sampled, whose advantages are zero, so
-    every rollout still makes its optimizer step and step counts stay aligned with batches). Refill prompts go through every RL callback's
-    ``on_rollout_end`` and the ``on_rewards_computed`` of callbacks listed before this one.
+    every rollout still makes its optimizer step and step counts stay aligned with batches).
+    Refill prompts go through every RL callback's ``on_rollout_end``; the assembled batch then
+    goes through ``on_rewards_computed`` once, so dithering and KL controllers see it whole,
+    whichever side of this callback they are listed on. Under data parallelism each round draws
+    ``ranks × need`` distinct prompts from one stream shared by the ranks and gives each rank its
+    own slice (no group is rolled out twice), with a per-rank rollout seed; both streams derive
+    from ``seed``, the rollout count and the round, so a resumed run refills exactly as before.
 
     Args:
         weighting: one of ``gaussian``, ``beta``, ``sqrt_variance``, ``length`` or None
@@ -71,8 +78,9 @@ class CurriculumSampler(RLCallback):
         prior: pass rate assumed for unseen prompts (0.5).
         min_weight: floor of every weight (0.01, > 0 so every prompt can still be drawn).
         epoch_size: prompts per sampler epoch (None: the dataset size).
+        replacement: the sampler draws with replacement (True, default) or without.
         dynamic_filtering / max_refill_rounds: see above (False, 3).
-        seed: seeds the refill draws.
+        seed: seeds the refill draws and refill rollouts.
 
     Logs ``curriculum/pass_rate`` (of the batch as sampled), ``curriculum/seen`` (fraction of
     prompts observed so far), ``curriculum/weight_mean`` (loss mode) and, with filtering,
@@ -92,7 +100,8 @@ class CurriculumSampler(RLCallback):
                  sigma: float = 0.25, alpha: float = 1.0, beta: float = 1.0,
                  length_quantiles: tuple[float, float] = (0.3, 0.7), length_max: float | None = None,
                  ema: float = 0.5, prior: float = 0.5, min_weight: float = 0.01, epoch_size: int | None = None,
-                 dynamic_filtering: bool = False, max_refill_rounds: int = 3, seed: int = 0):
+                 replacement: bool = True, dynamic_filtering: bool = False, max_refill_rounds: int = 3,
+                 seed: int = 0):
         require(weighting in WEIGHTINGS, f"weighting must be one of {WEIGHTINGS} (got {weighting!r})")
         require(use_as in USES, f"use_as must be one of {USES} (got {use_as!r})")
         require(0 <= mu <= 1, f"mu is a pass rate and must be in [0, 1] (got {mu})")
@@ -110,9 +119,10 @@ class CurriculumSampler(RLCallback):
         self.weighting, self.use_as, self.mu, self.sigma, self.alpha, self.beta = weighting, use_as, mu, sigma, alpha, beta
         self.length_quantiles, self.length_max = (q_low, q_high), length_max
         self.ema, self.prior, self.min_weight, self.epoch_size = ema, prior, min_weight, epoch_size
+        self.replacement = replacement
         self.dynamic_filtering, self.max_refill_rounds, self.seed = dynamic_filtering, max_refill_rounds, seed
         self.stats: dict[int, tuple[float, float]] = {}  # dataset index -> (pass rate, mean length)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.rollouts = 0  # batches observed: keys the refill streams
         self.sampler: WeightedEpochSampler | None = None
         self._sampler_state: dict[str, Any] | None = None
         self._dataset: Any = None
@@ -193,12 +203,12 @@ class CurriculumSampler(RLCallback):
                              "dynamic_filtering")
         if self.use_as == "sampling" and self.sampler is None:
             self.sampler = WeightedEpochSampler(len(self._dataset), self.sampling_weights, dm.seed, dm.batch_size,
-                                                self.epoch_size)
+                                                self.epoch_size, self.replacement)
             dm.train_sampler = self.sampler
         if self.sampler is not None and self._sampler_state is not None:
             self.sampler.load_state_dict(self._sampler_state)
 
-    def on_rewards_computed(self, trainer, module, experience):
+    def on_rollout_scored(self, trainer, module, experience):
         scores = self._observe_experience(trainer, module, experience)
         metrics = {"pass_rate": (scores >= module.hparams.success_threshold).float().mean().item()}
         if self._dataset is not None:
@@ -206,6 +216,7 @@ class CurriculumSampler(RLCallback):
         if self.dynamic_filtering:
             experience, extra = self._filter_and_refill(trainer, module, experience, scores)
             metrics.update(extra)
+        self.rollouts += 1
         log_metrics(module, "curriculum", metrics)
         return experience
 
@@ -228,12 +239,14 @@ class CurriculumSampler(RLCallback):
         zero = target - len(self._informative(scores))
         kept = exp.select_groups(self._informative(scores))
         rounds = 0
+        rank, world = getattr(trainer, "global_rank", 0), max(1, getattr(trainer, "world_size", 1))
         while rounds < self.max_refill_rounds and self._global_max(trainer, target - kept.num_groups) > 0:
             rounds += 1
             need = self._global_max(trainer, target - kept.num_groups)
-            rows = [self._dataset[i] for i in self._draw(need)]
-            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator).item())
-            more = _refill.rollout_more(trainer, module, rows, seed, upto=self)
+            drawn = self._draw(need * world, seeded_generator(self.seed, self.rollouts, rounds))
+            rows = [self._dataset[i] for i in drawn[rank * need:(rank + 1) * need]]
+            seed = int(torch.randint(0, 2**62, (1,), generator=seeded_generator(self.seed, self.rollouts, rounds, rank)))
+            more = _refill.rollout_more(module, rows, seed)
             more_scores = self._observe_experience(trainer, module, more)
             good = self._informative(more_scores)[: max(target - kept.num_groups, 0)]
             if good:
@@ -243,10 +256,11 @@ class CurriculumSampler(RLCallback):
             kept = exp
         return kept, metrics
 
-    def _draw(self, k: int) -> list[int]:
+    def _draw(self, k: int, generator: torch.Generator) -> list[int]:
+        """``k`` prompts from the current weights: distinct while the dataset allows."""
         n = len(self._dataset)
         w = self.sampling_weights() if self.use_as == "sampling" else torch.ones(n, dtype=torch.float64)
-        return torch.multinomial(w, min(k, n), replacement=False, generator=self.generator).tolist()
+        return torch.multinomial(w, k, replacement=k > int((w > 0).sum()), generator=generator).tolist()
 
     @staticmethod
     def _global_max(trainer: Any, value: int) -> int:
@@ -257,12 +271,12 @@ class CurriculumSampler(RLCallback):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"stats": dict(self.stats), "generator": self.generator.get_state(),
+        return {"stats": dict(self.stats), "rollouts": self.rollouts,
                 "sampler": self.sampler.state_dict() if self.sampler is not None else None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.stats = {int(k): tuple(v) for k, v in state_dict["stats"].items()}
-        self.generator.set_state(state_dict["generator"])
+        self.rollouts = int(state_dict["rollouts"])
         self._sampler_state = state_dict.get("sampler")
         if self.sampler is not None and self._sampler_state is not None:
             self.sampler.load_state_dict(self._sampler_state)

@@ -17,7 +17,7 @@ PHASES = ("warmup", "climbing", "converged", "plateau")
 class EntropyGatedKL(RLCallback):
     """Raise the KL coefficient when the smoothed KL exceeds an adaptive threshold, more so
     when entropy is low (SAFE: "Stable Alignment Finetuning with Entropy-aware predictive
-    control", ryyzn9/SAFE; formulas in ``shared/reference/methods.md`` §1).
+    control", code: github.com/ryyzn9/SAFE; formulas in docs/callbacks.md, "EntropyGatedKL").
 
     Per rollout (``on_advantages_computed``), with ``kl`` the token mean of ``logπ − logπ_ref``,
     ``H`` the mean token entropy of the policy on the rollout and ``mean_reward`` the mean raw
@@ -107,7 +107,8 @@ class EntropyGatedKL(RLCallback):
         self.reward_ema: float | None = None
         self.integral = 0.0
         self.prev_err = 0.0
-        self.rewards: list[float] = []
+        self.rewards: list[float] = []  # the last 2·window mean rewards (the phase windows)
+        self.rollouts = 0  # rollouts observed: ends the warm-up (the window list is truncated)
         self.kl_coef: float | None = None
 
     # ------------------------------------------------------------------ the controller
@@ -139,7 +140,8 @@ class EntropyGatedKL(RLCallback):
         return {"pid_p": p, "pid_i": i, "pid_d": d, "pid_u": p + i + d}
 
     def _phase(self, mean_reward: float) -> str:
-        step = len(self.rewards)
+        step = self.rollouts
+        self.rollouts += 1
         self.rewards = (self.rewards + [mean_reward])[-2 * self.window:]
         if step < self.warmup_steps:
             return "warmup"
@@ -181,7 +183,7 @@ class EntropyGatedKL(RLCallback):
     def state_dict(self) -> dict[str, Any]:
         return {"base_kl_coef": self.base_kl_coef, "kl_smoothed": self.kl_smoothed, "reward_ema": self.reward_ema,
                 "integral": self.integral, "prev_err": self.prev_err, "rewards": list(self.rewards),
-                "kl_coef": self.kl_coef}
+                "rollouts": self.rollouts, "kl_coef": self.kl_coef}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key, value in state_dict.items():

@@ -38,8 +38,8 @@ class ESSScaledLR(RLCallback):
     the response length). Pair it with a sequence-level correction, e.g.
     ``RLModule(rollout_correction="seq_tis", rollout_correction_cap=8)``, so w enters once.
 
-    Needs behaviour log-probs from the engine: ``HFGenerateEngine(policy, eos, pad,
-    return_logprobs=True)`` or the vLLM rollout.
+    Needs behaviour log-probs from the engine: ``RLModule(..., rollout_logprobs=True)`` with the
+    built-in HF engine, or the vLLM rollout.
 
     Args:
         rule: ``sqrt`` (VCPO default) or ``linear``.
@@ -103,8 +103,8 @@ class ESSScaledLR(RLCallback):
         engine = pl_module.engine
         if getattr(engine, "return_logprobs", True) is False:
             raise ValueError("ESSScaledLR needs behaviour log-probs from the rollout engine, and this "
-                             f"{type(engine).__name__} does not report them: set module.rollout_engine = "
-                             "HFGenerateEngine(policy, eos_id, pad_id, return_logprobs=True) or use the vLLM rollout")
+                             f"{type(engine).__name__} does not report them: build the module with "
+                             "RLModule(..., rollout_logprobs=True), or roll out with VLLMRollout")
 
     def on_advantages_computed(self, trainer, module, experience):
         if self.baseline is None:
@@ -153,7 +153,7 @@ class ESSScaledLR(RLCallback):
     def _behaviour(exp) -> torch.Tensor:
         if exp.behaviour_logprobs is None:
             raise ValueError("ESSScaledLR needs behaviour log-probs (experience.behaviour_logprobs is None): use "
-                             "HFGenerateEngine(policy, eos_id, pad_id, return_logprobs=True) or the vLLM rollout")
+                             "RLModule(..., rollout_logprobs=True) or the VLLMRollout callback")
         return exp.behaviour_logprobs
 
     @staticmethod

@@ -8,7 +8,7 @@ import torch
 
 from lightning_rlpt.hooks import RLCallback
 
-from ._common import log_metrics, require
+from ._common import log_metrics, require, seeded_generator
 
 DISTRIBUTIONS = ("gaussian", "uniform")
 DECAYS = (None, "linear", "cosine", "exponential")
@@ -24,8 +24,10 @@ class RewardDithering(RLCallback):
     normalisation; ``rewards_per_func`` (the raw scores) are left alone, so accuracy and
     pass-rate statistics of other callbacks are not perturbed.
 
-    Noise comes from a private ``torch.Generator`` seeded with ``seed`` whose state is saved in
-    the checkpoint, so a resumed run draws exactly the noise an uninterrupted one would.
+    The noise is drawn once per training batch, on the assembled batch (after any dynamic
+    filtering and refill, whatever the callback order), from a generator keyed by
+    ``(seed, rollout, rank)``: each data-parallel rank draws its own noise, and a resumed run,
+    which restores only the rollout counter, draws exactly the noise an uninterrupted one would.
 
     Args:
         scale: σ of ``N(0, σ²)`` for ``gaussian``, half-width ``a`` of ``U(−a, a)`` for
@@ -35,10 +37,11 @@ class RewardDithering(RLCallback):
         decay: None (constant), ``linear``, ``cosine`` (both reach ``final_scale`` after
             ``decay_steps`` rollouts and stay there) or ``exponential``
             (``scale·(final_scale/scale)^(t/decay_steps)``, floored at ``final_scale``).
-        decay_steps: rollouts over which the scale anneals (needed with ``decay``).
+        decay_steps: training batches (rollouts, refills not counted) over which the scale
+            anneals (needed with ``decay``).
         final_scale: the scale at the end of the decay (default 0), ``0 <= final_scale <= scale``
             (> 0 for ``exponential``).
-        seed: seeds the noise generator.
+        seed: seeds the noise streams.
 
     Logs ``redit/scale``, ``redit/noise_mean`` and ``redit/noise_std`` (of this rollout's draw).
 
@@ -60,7 +63,6 @@ class RewardDithering(RLCallback):
             require(decay != "exponential" or final_scale > 0, "decay='exponential' needs final_scale > 0")
         self.scale, self.distribution, self.decay = scale, distribution, decay
         self.decay_steps, self.final_scale, self.seed = decay_steps, final_scale, seed
-        self.generator = torch.Generator().manual_seed(seed)
         self.rollouts = 0
 
     @property
@@ -79,23 +81,23 @@ class RewardDithering(RLCallback):
             return lo + (hi - lo) * 0.5 * (1 + math.cos(math.pi * frac))
         return hi * (lo / hi) ** frac
 
-    def noise(self, n: int, scale: float) -> torch.Tensor:
-        """``n`` draws at ``scale`` from the generator (float32, CPU)."""
+    def noise(self, n: int, scale: float, rollout: int = 0, rank: int = 0) -> torch.Tensor:
+        """``n`` draws at ``scale`` for this rollout and rank (float32, CPU)."""
+        g = seeded_generator(self.seed, rollout, rank)
         if self.distribution == "gaussian":
-            return torch.randn(n, generator=self.generator) * scale
-        return (torch.rand(n, generator=self.generator) * 2 - 1) * scale
+            return torch.randn(n, generator=g) * scale
+        return (torch.rand(n, generator=g) * 2 - 1) * scale
 
     def on_rewards_computed(self, trainer, module, experience):
         scale = self.scale_at(self.rollouts)
-        noise = self.noise(len(experience), scale)
+        noise = self.noise(len(experience), scale, self.rollouts, getattr(trainer, "global_rank", 0))
         self.rollouts += 1
         experience.rewards = experience.rewards + noise.to(experience.rewards.device, experience.rewards.dtype)
         log_metrics(module, "redit", {"scale": scale, "noise_mean": noise.mean().item() if len(noise) else 0.0,
                                       "noise_std": noise.std().item() if len(noise) > 1 else 0.0})
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "rollouts": self.rollouts}
+        return {"rollouts": self.rollouts}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.generator.set_state(state_dict["generator"])
         self.rollouts = int(state_dict["rollouts"])

@@ -4,11 +4,17 @@ For every batch of prompts the module calls, in this order, on every `RLCallback
 order they are listed on the Trainer:
 
 1. ``on_rollout_end(trainer, module, experience)`` — completions sampled and decoded;
-   nothing scored yet.
-2. ``on_rewards_computed(trainer, module, experience)`` — ``rewards`` and
-   ``rewards_per_func`` set. Edit rewards here (reward dithering), or return a smaller
-   `Experience` (dynamic filtering), or record pass rates (curricula).
-3. ``on_advantages_computed(trainer, module, experience)`` — ``advantages`` and
+   nothing scored yet. Runs on every rollout, refill rollouts of dynamic filtering included.
+2. ``on_rollout_scored(trainer, module, experience)`` — ``rewards`` and ``rewards_per_func``
+   set, untouched by any callback. The place to *assemble* the batch: record statistics of
+   what was sampled (curricula) and return a smaller or refilled `Experience` (dynamic
+   filtering). Refill rollouts are rolled out and scored, but not re-run through this hook.
+3. ``on_rewards_computed(trainer, module, experience)`` — once per training batch, on the
+   assembled batch. Per-sample reward transforms (reward dithering: every sample that enters
+   the batch is transformed exactly once) and controllers that read the batch's rewards
+   (accuracy-conditioned KL) act here, so their result does not depend on whether they are
+   listed before or after a filter.
+4. ``on_advantages_computed(trainer, module, experience)`` — ``advantages`` and
    ``ref_logprobs`` (with a reference) set; ``old_logprobs`` too when the rollout is reused
    (μ > 1, several mini-batches) or the callback set ``module.needs_old_logprobs`` in ``setup``. Set ``sample_weights``,
    ``token_weights`` or ``kl_weights`` here.
@@ -16,7 +22,10 @@ order they are listed on the Trainer:
    mini-batch about to be trained on; the place to move the module's knobs
    (``kl_coef``, ``clip_low``, ``clip_high``) for this step.
 
-A hook edits the experience in place and returns None, or returns a replacement. Optimizer
+Controllers (anything that updates a coefficient from a batch) update once per training batch:
+in ``on_rewards_computed``, ``on_advantages_computed`` or Lightning's batch hooks, never in
+hooks 1–2, which also see refills. A hook edits the experience in place and returns None, or
+returns a replacement. Optimizer
 moments (``on_before_optimizer_step``, ``on_train_batch_end``) are Lightning's own hooks.
 """
 from __future__ import annotations
@@ -30,7 +39,7 @@ from .experience import Experience
 if TYPE_CHECKING:
     from .module import RLModule
 
-HOOKS = ("on_rollout_end", "on_rewards_computed", "on_advantages_computed", "on_before_loss")
+HOOKS = ("on_rollout_end", "on_rollout_scored", "on_rewards_computed", "on_advantages_computed", "on_before_loss")
 
 
 class RLCallback(L.Callback):
@@ -52,6 +61,9 @@ class RLCallback(L.Callback):
         check_knobs(self, pl_module)
 
     def on_rollout_end(self, trainer: L.Trainer, module: "RLModule", experience: Experience) -> Experience | None:
+        return None
+
+    def on_rollout_scored(self, trainer: L.Trainer, module: "RLModule", experience: Experience) -> Experience | None:
         return None
 
     def on_rewards_computed(self, trainer: L.Trainer, module: "RLModule", experience: Experience) -> Experience | None:

@@ -77,7 +77,7 @@ def head_as_linear(head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] 
         dropout = head.lora_dropout[name]
         variant = name in getattr(head, "lora_variant", {}) or getattr(head, "use_dora", {}).get(name, False)
         if variant or getattr(head, "lora_bias", {}).get(name, False) or (
-                head.training and not isinstance(dropout, nn.Identity)):
+                head.training and not isinstance(dropout, nn.Identity) and getattr(dropout, "p", 1.0) > 0):
             return None
         a, b = head.lora_A[name].weight, head.lora_B[name].weight
         weight = weight + head.scaling[name] * (b @ a).to(weight.dtype)

@@ -18,7 +18,7 @@ def needs_behaviour_logprobs(name: str, behaviour_logprobs: torch.Tensor | None)
         raise ValueError(
             f"policy loss {name!r} needs the rollout engine's behaviour log-probs, but the experience has none "
             "(experience.behaviour_logprobs is None). Add a rollout engine that reports them, e.g. the VLLMRollout "
-            "callback, or set module.rollout_engine = HFGenerateEngine(..., return_logprobs=True)")
+            "callback, or build the module with RLModule(..., rollout_logprobs=True)")
 
 
 def a3po_alpha(staleness: int | float | torch.Tensor, proximal_lag: int, like: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import warnings
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
@@ -11,6 +12,47 @@ import torch
 from torch import nn
 
 QUANTIZATIONS = ("nf4", "fp4")
+
+
+def check_model_source(model: Any) -> None:
+    """Refuse a model string that is neither an existing directory nor shaped like a hub id, before
+    transformers answers with "Repo id must be in the form ..." about a mistyped local path."""
+    if isinstance(model, nn.Module):
+        return
+    path = os.fspath(model) if hasattr(model, "__fspath__") else model
+    if not isinstance(path, str):
+        raise TypeError(f"model must be a hub id, a local directory or an nn.Module (got {type(model).__name__})")
+    if os.path.isdir(path):
+        return
+    looks_local = path.startswith((os.sep, ".", "~")) or path.count("/") > 1 or "\\" in path or os.path.exists(path)
+    if looks_local:
+        reason = "is a file, not a model directory" if os.path.exists(path) else "does not exist"
+        raise FileNotFoundError(f"model path {path!r} {reason}, and it is not a hub id ('org/name'): pass the "
+                                "directory that holds config.json and the weights (save_pretrained's output)")
+
+
+# Dropout rates that models keep as plain floats (e.g. Llama's attention reads
+# ``self.attention_dropout`` in train mode), on their config and on their modules.
+DROPOUT_RATES = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                 "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate")
+
+
+def zero_dropout(model: nn.Module) -> None:
+    """Dropout off for good: every ``nn.Dropout`` at p = 0 and every float dropout rate of the
+    config and the modules at 0, so train mode computes what eval mode does (as TRL's
+    ``disable_dropout_in_model``, which also covers the rates attention layers read directly)."""
+    for obj in [getattr(model, "config", None), *model.modules()]:
+        if isinstance(obj, nn.Dropout):
+            obj.p = 0.0
+        for key in DROPOUT_RATES:
+            if isinstance(getattr(obj, key, None), float):
+                setattr(obj, key, 0.0)
+
+
+def has_active_dropout(model: nn.Module) -> bool:
+    return any((isinstance(m, nn.Dropout) and m.p > 0)
+               or any(isinstance(getattr(m, k, None), float) and getattr(m, k) > 0 for k in DROPOUT_RATES)
+               for m in model.modules())
 
 
 def load_tokenizer(model: str | nn.Module, tokenizer: Any | None):
@@ -116,8 +158,9 @@ def is_peft(policy: nn.Module) -> bool:
 
 
 def frozen_copy(policy: nn.Module) -> nn.Module:
-    """A frozen reference for full fine-tuning."""
-    ref = copy.deepcopy(policy).eval()
+    """A frozen reference for full fine-tuning (in the policy's mode: `reference_context` runs it
+    in eval mode when dropout is on)."""
+    ref = copy.deepcopy(policy)
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
@@ -127,7 +170,27 @@ def frozen_copy(policy: nn.Module) -> nn.Module:
 def reference_context(policy: nn.Module, reference: nn.Module | None) -> Iterator[nn.Module]:
     """Yield the model that plays the reference: the frozen copy; under LoRA/QLoRA the
     ``reference`` adapter when one was added (`add_reference_adapter`), else the base with
-    adapters off."""
+    adapters off. With dropout still active the reference runs in eval mode (deterministic)."""
+    model = reference if reference is not None else policy
+    with _eval_if_dropout(model):
+        with _reference_model(policy, reference) as ref:
+            yield ref
+
+
+@contextmanager
+def _eval_if_dropout(model: nn.Module) -> Iterator[None]:
+    if not (model.training and has_active_dropout(model)):
+        yield
+        return
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
+
+
+@contextmanager
+def _reference_model(policy: nn.Module, reference: nn.Module | None) -> Iterator[nn.Module]:
     if reference is not None:
         yield reference
     elif is_peft(policy) and REFERENCE_ADAPTER in policy.peft_config:

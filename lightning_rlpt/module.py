@@ -19,7 +19,8 @@ from .kl import KL_ESTIMATORS, kl_value
 from .logprobs import completion_logprobs
 from .metrics import PassAtK
 from .mismatch import check_mode, correction_weights, mismatch_metrics
-from .models import frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict, reference_context
+from .models import (check_model_source, frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict,
+                     reference_context, zero_dropout)
 from .objectives import SELF_CORRECTING, check_pair, resolve_objective
 from .policy_losses import POLICY_LOSSES
 from .rewards import RewardFunctions
@@ -57,7 +58,17 @@ class RLModule(L.LightningModule):
         success_threshold: a completion counts as correct when its total reward ≥ this.
         updates_per_rollout: μ, passes over each rollout (> 1 reuses the stored old log-probs).
         minibatch_size: sequences per optimizer step (default: the whole rollout).
-        lr / weight_decay / betas / max_grad_norm: AdamW and gradient clipping.
+        lr / weight_decay / betas / max_grad_norm: AdamW (lr > 0) and gradient clipping.
+        disable_dropout: set every dropout probability of the policy (and so of its reference)
+            to 0, as TRL's ``disable_dropout`` does (default True): the loss forward then sees
+            the policy that sampled and the reference is deterministic. The policy trains in
+            train mode either way; with dropout kept, the reference runs in eval mode.
+        mask_truncated_completions: leave completions that hit the token budget without EOS out
+            of the loss (TRL's name; DAPO's overlong filtering). They still count in their
+            group's advantages, and, as in TRL, as (empty) rows of the ``seq-mean-*`` means.
+        rollout_logprobs: the built-in HF engine also reports the sampling (behaviour)
+            log-probs, for callbacks and losses that need them (``ESSScaledLR``,
+            ``decoupled_ppo``, which turns this on itself); vLLM engines always report them.
         reference: force (True) or forbid (False) a reference model; None: when ``kl_coef > 0``.
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
         rollout_correction: train/inference mismatch correction when the engine reports
@@ -115,8 +126,12 @@ class RLModule(L.LightningModule):
         rollout_correction_cap: float = 2.0,
         seed: int = 0,
         seed_per_prompt: bool = False,
+        disable_dropout: bool = True,
+        mask_truncated_completions: bool = False,
+        rollout_logprobs: bool = False,
     ):
         super().__init__()
+        check_model_source(model)
         self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora"])
         # What `export_checkpoint` needs to rebuild the model: the base path and the adapter config.
         # A local directory is recorded absolute, so an export from another working directory finds it.
@@ -130,7 +145,7 @@ class RLModule(L.LightningModule):
         POLICY_LOSSES.get(cfg["policy_loss"]), ADVANTAGE_ESTIMATORS.get(cfg["advantage"]), KL_ESTIMATORS.get(kl_estimator)
         check_aggregation(cfg["loss_aggregation"])
         check_group_size(cfg["advantage"], group_size)
-        self._check_numbers(cfg, updates_per_rollout, minibatch_size, val_samples)
+        self._check_numbers(cfg, updates_per_rollout, minibatch_size, val_samples, lr)
         if rollout_correction == "auto":
             rollout_correction = None if cfg["policy_loss"] in SELF_CORRECTING else "token_tis"
         check_mode(rollout_correction, rollout_correction_cap)
@@ -158,6 +173,9 @@ class RLModule(L.LightningModule):
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
                                   gradient_checkpointing=gradient_checkpointing, seed=seed)
+        if disable_dropout:
+            zero_dropout(self.policy)
+        self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self.use_reference = self.kl_coef > 0 if reference is None else bool(reference)
         # Full fine-tuning keeps a frozen copy; LoRA/QLoRA use the base with adapters disabled.
         self.reference = frozen_copy(self.policy) if self.use_reference and not is_peft(self.policy) else None
@@ -170,7 +188,9 @@ class RLModule(L.LightningModule):
         self.val_pass = nn.ModuleDict({str(k): PassAtK(k) for k in ks})
 
     @staticmethod
-    def _check_numbers(cfg: dict, mu: int, minibatch: int | None, val_samples: int) -> None:
+    def _check_numbers(cfg: dict, mu: int, minibatch: int | None, val_samples: int, lr: float) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0 (got {lr}); to evaluate without training use trainer.validate")
         if mu < 1:
             raise ValueError(f"updates_per_rollout must be >= 1 (got {mu})")
         if minibatch is not None and minibatch < 1:
@@ -186,7 +206,9 @@ class RLModule(L.LightningModule):
     @property
     def engine(self) -> RolloutEngine:
         if self.rollout_engine is None:
-            self.rollout_engine = HFGenerateEngine(self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+            logprobs = self.hparams.rollout_logprobs or self.cfg["policy_loss"] in SELF_CORRECTING
+            self.rollout_engine = HFGenerateEngine(self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+                                                   return_logprobs=logprobs)
         return self.rollout_engine
 
     def configure_model(self) -> None:
@@ -222,6 +244,7 @@ class RLModule(L.LightningModule):
         """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
         exp, failures, cut = self.rollout_and_score(batch, self._next_seed())
         self._log_rollout(exp, failures, cut)
+        exp = call_hook(self.trainer, self, "on_rollout_scored", exp)
         exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
         if len(exp) == 0:
             return None
@@ -313,6 +336,8 @@ class RLModule(L.LightningModule):
     def loss(self, mb: Experience) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on one mini-batch, normalised by the global (all-rank) batch counts."""
         mask = mb.completion_mask.float()
+        if self.hparams.mask_truncated_completions:
+            mask = mask * (~mb.truncated.bool()).float().unsqueeze(-1)
         tokens, seqs = self._global_counts(mask)
         world = self.trainer.world_size if self._trainer is not None else 1
 

@@ -4,7 +4,9 @@ ranges and KL coefficient. Any explicit `RLModule` argument overrides the preset
 - ``grpo`` (Shao et al., arXiv 2402.03300): group mean/std advantages, PPO clip ±0.2,
   ``seq-mean-token-mean``, β = 0.04 as in the paper.
 - ``dapo`` (Yu et al., arXiv 2503.14476): clip-higher (0.2, 0.28), dual clip 10 on negative
-  advantages, ``token-mean``, no KL. Dynamic sampling and overlong shaping are callbacks.
+  advantages, ``token-mean``, no KL. DAPO's other two parts are opt-in: dynamic sampling
+  is ``CurriculumSampler(dynamic_filtering=True)``, overlong shaping the
+  ``soft_overlong_punishment`` reward (or ``RLModule(mask_truncated_completions=True)``).
 - ``dr_grpo`` (Liu et al., arXiv 2503.20783): mean-only advantages, ``seq-mean-token-sum-norm``
   (divide by the generation budget), no KL.
 - ``gspo`` (Zheng et al., arXiv 2507.18071): sequence ratio clipped to [1 - 3e-4, 1 + 4e-4],

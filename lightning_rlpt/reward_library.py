@@ -5,8 +5,10 @@
   ``math_verify`` library; logged as ``rewards/math_answer/...``.
 - `format_reward` (`FormatReward`): 1.0 when the whole completion matches a regular expression
   (by default ``<think>...</think> <answer>...</answer>``); logged as ``rewards/format/...``.
+- `soft_overlong_punishment` (`SoftOverlongPunishment`): DAPO's length penalty, 0 down to −1 over
+  the last ``soft_punish_cache`` tokens of the budget; logged as ``rewards/overlong/...``.
 
-Both are callable classes rather than closures so they pickle (dataloader workers, spawned
+All are callable classes rather than closures so they pickle (dataloader workers, spawned
 processes), and both accept completions as strings or as TRL's conversational lists of messages.
 """
 from __future__ import annotations
@@ -171,6 +173,53 @@ class FormatReward:
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **_: Any) -> list[float]:
         return [float(self.pattern.fullmatch(completion_text(c)) is not None) for c in completions]
+
+
+class SoftOverlongPunishment:
+    """DAPO's soft overlong punishment (Yu et al., "DAPO", arXiv 2503.14476: overlong reward shaping), a reward
+    to add to the task's, on the completion's length ``L`` in tokens:
+
+    ``0`` if ``L ≤ L_max − L_cache``; ``((L_max − L_cache) − L) / L_cache`` if
+    ``L_max − L_cache < L ≤ L_max``; ``−1`` if ``L > L_max``.
+
+    Args:
+        max_completion_len: ``L_max``, usually the generation budget (``max_new_tokens``).
+        soft_punish_cache: ``L_cache``, the length of the ramp (DAPO: 4,096 of 20,480);
+            ``0 <= L_cache <= L_max``; 0 leaves only the −1 beyond ``L_max``.
+
+    The length is ``len(completion_ids)``: model tokens only, EOS included when it was sampled.
+    TRL's equivalent is ``trl.rewards.get_soft_overlong_punishment`` (same arguments).
+
+    Example:
+        >>> punish = SoftOverlongPunishment(max_completion_len=10, soft_punish_cache=4)
+        >>> punish(["q"] * 3, ["", "", ""], completion_ids=[[1] * 6, [1] * 8, [1] * 10])
+        [0.0, -0.5, -1.0]
+    """
+
+    __name__ = "overlong"  # logged as rewards/overlong/...
+
+    def __init__(self, max_completion_len: int, soft_punish_cache: int):
+        if max_completion_len < 1 or not 0 <= soft_punish_cache <= max_completion_len:
+            raise ValueError("soft overlong punishment needs max_completion_len >= 1 and 0 <= soft_punish_cache <= "
+                             f"max_completion_len (got {max_completion_len}, {soft_punish_cache})")
+        self.max_len, self.cache = max_completion_len, soft_punish_cache
+
+    def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Sequence[int]],
+                 **_: Any) -> list[float]:
+        return [self.penalty(len(ids)) for ids in completion_ids]
+
+    def penalty(self, length: int) -> float:
+        start = self.max_len - self.cache
+        if length <= start:
+            return 0.0
+        if length > self.max_len:
+            return -1.0
+        return (start - length) / self.cache
+
+
+def soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int) -> SoftOverlongPunishment:
+    """`SoftOverlongPunishment` under TRL's argument names (``get_soft_overlong_punishment``)."""
+    return SoftOverlongPunishment(max_completion_len, soft_punish_cache)
 
 
 math_answer_reward = MathAnswerReward()

@@ -1,8 +1,11 @@
 """A weighted, resumable version of `EpochSampler` for curricula.
 
-Each epoch's order is a weighted draw *without replacement* of ``epoch_size`` prompt indices,
-seeded by ``seed + epoch``, from a snapshot of the weights taken when the epoch starts
-(``set_epoch``). The snapshot is part of `state_dict`, so a run resumed mid-epoch redraws the
+Each epoch's order is a weighted draw of ``epoch_size`` prompt indices, seeded by
+``seed + epoch``, from a snapshot of the weights taken when the epoch starts (``set_epoch``).
+By default the draws are *with replacement*, so a prompt's share of the training is its share
+of the weight: a draw without replacement of all n prompts would be a permutation, and the
+weights would only change the order. ``replacement=False`` keeps distinct prompts per epoch
+(then the weights matter only through an ``epoch_size`` below the dataset size). The snapshot is part of `state_dict`, so a run resumed mid-epoch redraws the
 same order even though the live weights have moved since, and the `ResumableLoader` then skips
 the batches already consumed: the same prompts as without the stop. As an `EpochSampler`
 (a ``DistributedSampler`` subclass) it cuts the order into global batches across ranks and
@@ -26,21 +29,25 @@ class WeightedEpochSampler(EpochSampler):
         weights: callable returning the current ``[dataset_size]`` non-negative weights.
         seed / batch_size: as `EpochSampler` (per-rank batch size).
         epoch_size: prompts per epoch (default ``dataset_size``); smaller epochs refresh the
-            weights more often. At most the number of prompts with a positive weight.
+            weights more often. Without replacement, at most the number of prompts with a
+            positive weight.
+        replacement: draw with replacement (default; the weights set how often a prompt is
+            trained on) or without (each prompt at most once per epoch).
 
     Example:
-        >>> s = WeightedEpochSampler(4, lambda: torch.tensor([0., 1., 1., 0.]), seed=0, batch_size=2, epoch_size=2)
+        >>> s = WeightedEpochSampler(4, lambda: torch.tensor([0., 1., 1., 0.]), seed=0, batch_size=2, epoch_size=2,
+        ...                          replacement=False)
         >>> s.set_epoch(0); sorted(s)
         [1, 2]
     """
 
     def __init__(self, dataset_size: int, weights: Callable[[], torch.Tensor], seed: int, batch_size: int = 1,
-                 epoch_size: int | None = None):
+                 epoch_size: int | None = None, replacement: bool = True):
         epoch_size = dataset_size if epoch_size is None else epoch_size
         if not 1 <= epoch_size <= dataset_size:
             raise ValueError(f"epoch_size must be in [1, {dataset_size}] (got {epoch_size})")
         super().__init__(epoch_size, shuffle=True, seed=seed, batch_size=batch_size)
-        self.dataset_size, self.weights = dataset_size, weights
+        self.dataset_size, self.weights, self.replacement = dataset_size, weights, replacement
         self.snapshot: torch.Tensor | None = None
         self.snapshot_epoch: int | None = None
 
@@ -50,7 +57,9 @@ class WeightedEpochSampler(EpochSampler):
             w = torch.as_tensor(self.weights(), dtype=torch.float64).clone()
             if w.shape != (self.dataset_size,) or not torch.isfinite(w).all() or (w < 0).any():
                 raise ValueError(f"sampling weights must be {self.dataset_size} finite non-negative values")
-            if int((w > 0).sum()) < self.n:
+            if w.sum() <= 0:
+                raise ValueError("every sampling weight is 0: give the curriculum a min_weight > 0")
+            if not self.replacement and int((w > 0).sum()) < self.n:
                 raise ValueError(f"only {int((w > 0).sum())} prompts have a positive weight, fewer than epoch_size={self.n}: "
                                  "give the curriculum a min_weight > 0")
             self.snapshot, self.snapshot_epoch = w, epoch
@@ -59,7 +68,7 @@ class WeightedEpochSampler(EpochSampler):
         if self.snapshot_epoch != self.epoch:
             self.set_epoch(self.epoch)
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.multinomial(self.snapshot, self.n, replacement=False, generator=g).tolist()
+        return torch.multinomial(self.snapshot, self.n, replacement=self.replacement, generator=g).tolist()
 
     def state_dict(self) -> dict[str, Any]:
         return {"snapshot": self.snapshot, "snapshot_epoch": self.snapshot_epoch}

@@ -3,6 +3,7 @@ import pytest
 
 from callback_helpers import make_data, make_module
 from conftest import quiet_trainer
+from lightning_rlpt import RLCallback
 from lightning_rlpt.callbacks import (AccuracyConditionedKL, CurriculumSampler, EntropyGatedKL, ESSScaledLR,
                                       ReferenceReset, ResponseWeightedKL, RewardDithering)
 
@@ -56,8 +57,20 @@ def test_vapr_with_a_metric_validation_does_not_log(warm_start_dir, arithmetic_r
 
 
 def test_ess_without_behaviour_logprobs_says_how_to_get_them(warm_start_dir, arithmetic_rows):
-    with pytest.raises(ValueError, match=r"needs behaviour log-probs.*return_logprobs=True"):
+    with pytest.raises(ValueError, match=r"needs behaviour log-probs.*RLModule\(\.\.\., rollout_logprobs=True\)"):
         _fit(make_module(warm_start_dir), [ESSScaledLR()], arithmetic_rows[:4])
+
+
+def test_ess_runs_with_the_public_rollout_logprobs_option(warm_start_dir, arithmetic_rows):
+    module = make_module(warm_start_dir, rollout_logprobs=True)  # the message's fix, no engine built by hand
+    seen = []
+
+    class Behaviour(RLCallback):
+        def on_before_loss(self, trainer, module, minibatch):
+            seen.append(minibatch.behaviour_logprobs is not None)
+
+    _fit(module, [ESSScaledLR(), Behaviour()], arithmetic_rows[:4])
+    assert seen == [True]
 
 
 def test_sampling_curriculum_needs_a_prompt_datamodule(warm_start_dir, arithmetic_rows):

@@ -1,5 +1,5 @@
 """Each seed-method callback against values computed by hand from its formula
-(shared/reference/methods.md), first on its pure controller, then inside a tiny fit."""
+(cited in each callback's docstring and docs/callbacks.md), first on its pure controller, then inside a tiny fit."""
 import math
 
 import pytest
@@ -11,7 +11,9 @@ from lightning_rlpt import RLCallback
 from lightning_rlpt.advantages import compute_advantages
 from lightning_rlpt.callbacks import (AccuracyConditionedKL, CurriculumSampler, EntropyGatedKL, ESSScaledLR,
                                       ReferenceReset, ResponseWeightedKL, RewardDithering)
+from lightning_rlpt.callbacks._common import seeded_generator
 from lightning_rlpt.callbacks.curriculum_sampler import quantile_inf
+from lightning_rlpt.weighted_sampler import WeightedEpochSampler
 
 
 class Spy(RLCallback):
@@ -42,7 +44,7 @@ def fit(module, callbacks, rows, steps=2, batch_size=4, **kwargs):
 
 # ---------------------------------------------------------------------------------- SAFE
 def safe_by_hand(seq, warmup, window):
-    """SAFE from methods.md §1, written out independently of the callback."""
+    """SAFE from its formulas (docs/callbacks.md), written out independently of the callback."""
     kl_s = ema = None
     integral = prev_err = 0.0
     hist, out = [], []
@@ -82,6 +84,21 @@ def test_safe_threshold_phase_pid_and_coefficient_match_the_formula(rewards):
     expected_last = {0.1: 1.0, 0.8: 2.0, 0.3: 3.0}[rewards[0]]  # climbing, converged, plateau
     assert phases[tuple(rewards)] == expected_last
     assert any(g["kl_coef"] > 0.02 for g in got)  # the gate opened at least once
+
+
+@pytest.mark.parametrize("warmup, window", [(150, 50), (10, 2)])
+def test_safe_warmup_ends_after_warmup_steps_even_when_longer_than_two_windows(warmup, window):
+    safe = EntropyGatedKL(warmup_steps=warmup, window=window)
+    phases = [safe.observe(mean_reward=0.3, kl=0.1, entropy=1.0)["phase"] for _ in range(warmup + 5)]
+    assert phases[:warmup] == [0.0] * warmup  # warmup
+    assert phases[warmup:] == [3.0] * 5  # constant 0.3 rewards: plateau, once the warm-up is over
+    assert len(safe.rewards) == 2 * window  # the phase windows stay bounded
+    resumed = EntropyGatedKL(warmup_steps=warmup, window=window)
+    half = EntropyGatedKL(warmup_steps=warmup, window=window)
+    for _ in range(warmup - 1):
+        half.observe(mean_reward=0.3, kl=0.1, entropy=1.0)
+    resumed.load_state_dict(half.state_dict())  # a checkpoint one rollout before the end of warm-up
+    assert [resumed.observe(mean_reward=0.3, kl=0.1, entropy=1.0)["phase"] for _ in range(2)] == [0.0, 3.0]
 
 
 def test_safe_sets_the_module_kl_coefficient_for_the_step(warm_start_dir, arithmetic_rows):
@@ -230,11 +247,35 @@ def test_weighted_sampler_draws_from_the_weights_and_filtering_keeps_informative
     assert trainer.callback_metrics["curriculum/kept_groups"] > 0
     assert cur.sampler.snapshot.shape == (16,) and cur.sampler.snapshot_epoch is not None
     order = list(cur.sampler)
-    assert len(order) == 8 and len(set(order)) == 8
-    from lightning_rlpt.weighted_sampler import WeightedEpochSampler
-    s = WeightedEpochSampler(6, lambda: torch.tensor([0.0, 5.0, 0.0, 1.0, 0.0, 2.0]), seed=1, epoch_size=3)
+    assert len(order) == 8 and set(order) <= set(range(16))
+    s = WeightedEpochSampler(6, lambda: torch.tensor([0.0, 5.0, 0.0, 1.0, 0.0, 2.0]), seed=1, epoch_size=3,
+                             replacement=False)
     s.set_epoch(4)
     assert sorted(s) == [1, 3, 5]
+
+
+def test_default_sampler_draws_prompts_as_often_as_their_weights_say():
+    """With the defaults (epoch = dataset size) a draw without replacement would be a permutation:
+    every prompt once per epoch, whatever the weights. With replacement the weights set the counts."""
+    weights = torch.tensor([0.01, 1.0, 1.0, 0.01])
+    s = WeightedEpochSampler(4, lambda: weights, seed=0)
+    counts = torch.zeros(4)
+    for epoch in range(50):
+        s.set_epoch(epoch)
+        for i in s:
+            counts[i] += 1
+    assert counts.sum() == 200
+    heavy, light = counts[[1, 2]].min(), counts[[0, 3]].max()
+    assert heavy >= 10 * max(light.item(), 1), counts.tolist()
+    permutation = WeightedEpochSampler(4, lambda: weights, seed=0, replacement=False)
+    permutation.set_epoch(0)
+    assert sorted(permutation) == [0, 1, 2, 3]  # the old default: weights only reorder
+
+
+def test_curriculum_sampling_mode_uses_draws_with_replacement(warm_start_dir, arithmetic_rows):
+    cur = CurriculumSampler("gaussian")
+    fit(make_module(warm_start_dir, lr=1e-5), [cur], arithmetic_rows[:8], steps=1)
+    assert cur.sampler.replacement and cur.sampler.n == 8
 
 
 # ---------------------------------------------------------------------------------- VCPO
@@ -291,8 +332,8 @@ def test_dithering_noise_is_the_seeded_draw_with_the_right_statistics(distributi
     spy_before = Spy(lambda h, t, m, e: h == "rewards" and raw.append(e.rewards.clone()))
     spy_after = Spy(lambda h, t, m, e: h == "rewards" and noisy.append(e.rewards.clone()))
     fit(make_module(warm_start_dir), [spy_before, dither, spy_after], arithmetic_rows[:8], steps=2)
-    g = torch.Generator().manual_seed(11)
     for t, (a, b) in enumerate(zip(raw, noisy)):
         scale = 0.1 * (1 - t / 2)
+        g = seeded_generator(11, t, 0)  # keyed by (seed, rollout, rank)
         draw = torch.randn(16, generator=g) if distribution == "gaussian" else torch.rand(16, generator=g) * 2 - 1
         assert torch.allclose(b - a, draw * scale, atol=1e-7)

@@ -58,17 +58,19 @@ class Filter(RLCallback):
         return experience.select_groups([0])
 
 
-class SetClip(RLCallback):
-    def on_before_loss(self, trainer, module, minibatch):
-        module.clip_low = module.clip_high = 0.0
+def _length_reward_module(warm_start_dir):
+    return RLModule(warm_start_dir, reward_funcs=[lambda prompts, completions, **_: [float(len(c)) for c in completions]],
+                    group_size=4, generation=GEN, lr=1e-2, kl_coef=0.0)
 
 
 def test_sample_weights_reach_the_loss(warm_start_dir, arithmetic_rows):
-    module = RLModule(warm_start_dir, reward_funcs=[lambda prompts, completions, **_: [float(len(c)) for c in completions]],
-                      group_size=4, generation=GEN, lr=1e-2, kl_coef=0.0)
-    before = {k: v.clone() for k, v in module.policy.state_dict().items()}
-    _fit(module, [ZeroWeights()], arithmetic_rows, steps=2)
-    assert all(torch.equal(before[k], v) for k, v in module.policy.state_dict().items())  # zero weight: no update
+    moved = []
+    for callbacks in ([], [ZeroWeights()]):  # the control run proves the step would move the weights
+        module = _length_reward_module(warm_start_dir)
+        before = {k: v.clone() for k, v in module.policy.state_dict().items()}
+        _fit(module, callbacks, arithmetic_rows, steps=2)
+        moved.append(any(not torch.equal(before[k], v) for k, v in module.policy.state_dict().items()))
+    assert moved == [True, False]  # zero sample weights: no update at all
 
 
 def test_returned_experience_replaces_the_input(warm_start_dir, arithmetic_rows):
@@ -83,10 +85,24 @@ def test_returned_experience_replaces_the_input(warm_start_dir, arithmetic_rows)
     assert sizes == [(2, [0, 0])]
 
 
+class SetKL(RLCallback):
+    def on_before_loss(self, trainer, module, minibatch):
+        module.kl_coef = 0.5
+
+
 def test_knobs_moved_in_on_before_loss_are_used(warm_start_dir, arithmetic_rows):
-    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=2, generation=GEN)
-    _fit(module, [SetClip()], arithmetic_rows, steps=1)
-    assert module.clip_low == 0.0 and module.clip_high == 0.0
+    """A KL coefficient set in on_before_loss trains exactly like the same coefficient given to the
+    constructor, and unlike the constructor's own value (so the knob reached the loss)."""
+    def weights(kl_coef, callbacks):
+        torch.manual_seed(0)
+        module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, generation=GEN, lr=1e-2,
+                          kl_coef=kl_coef, reference=True, seed=1)
+        _fit(module, callbacks, arithmetic_rows, steps=2)
+        return module.policy.state_dict()
+
+    moved, built, plain = weights(0.0, [SetKL()]), weights(0.5, []), weights(0.0, [])
+    assert all(torch.equal(moved[k], built[k]) for k in moved)
+    assert any(not torch.equal(moved[k], plain[k]) for k in moved)
 
 
 def test_a_hook_returning_something_else_is_an_error(warm_start_dir, arithmetic_rows):

@@ -31,6 +31,8 @@ def test_group_size_one_with_group_relative_estimator(warm_start_dir):
     (dict(kl_coef=-1.0), r"kl_coef must be >= 0"),
     (dict(updates_per_rollout=0), r"updates_per_rollout must be >= 1"),
     (dict(val_samples=2, val_pass_k=[4]), r"more samples than val_samples=2"),
+    (dict(lr=0.0), r"lr must be > 0 \(got 0.0\)"),
+    (dict(lr=-1e-5), r"lr must be > 0"),
 ])
 def test_unknown_names_and_bad_numbers(warm_start_dir, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -108,3 +110,16 @@ def test_reward_error_scored_zero_when_asked(warm_start_dir):
     module = RLModule(warm_start_dir, reward_funcs=[broken], group_size=2, generation=GEN, reward_on_error="zero")
     trainer = _fit(module, [{"prompt": "12+34="}] * 2)
     assert trainer.callback_metrics["rewards/broken/failures"] == 4
+
+
+@pytest.mark.parametrize("path, reason", [("/no/such/dir", "does not exist"), ("./typo_model", "does not exist"),
+                                          ("runs/x/missing", "does not exist")])
+def test_missing_local_model_path_is_named_as_a_path_not_a_repo_id(path, reason):
+    with pytest.raises(FileNotFoundError, match=rf"model path '{path}' {reason}, and it is not a hub id"):
+        make(path)
+
+
+def test_model_path_that_is_a_file(warm_start_dir):
+    import os
+    with pytest.raises(FileNotFoundError, match="is a file, not a model directory"):
+        make(os.path.join(warm_start_dir, "config.json"))

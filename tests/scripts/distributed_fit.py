@@ -6,7 +6,13 @@ launcher re-runs it once per rank). Writes metrics.csv and, on rank 0, the final
 With ``--resume-at N`` it fits N steps, saves a checkpoint (sharded under FSDP2), and a fresh
 module and Trainer resume from it up to ``--steps``; metrics of the two parts go to
 ``part0/`` and ``part1/``.
+
+With ``--streams`` it adds `RewardDithering` and `CurriculumSampler(dynamic_filtering=True)`
+on a task where half the prompts always score 0 (so refills happen) and writes, per rank,
+``streams_rank{r}.json``: the dataset rows of every rollout (sampled batch, then refills) and
+the dithering noise of every training batch.
 """
+import json
 import argparse
 import os
 import sys
@@ -21,7 +27,26 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 import task  # noqa: E402
-from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
+from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
+from lightning_rlpt.callbacks import CurriculumSampler, RewardDithering  # noqa: E402
+
+RECORD: dict[str, list] = {"rollouts": [], "noise": []}
+
+
+class StreamRecorder(RLCallback):
+    """Listed after the streams' callbacks: sees each rollout's rows and each batch's noise."""
+
+    def on_rollout_end(self, trainer, module, experience):
+        RECORD["rollouts"].append((trainer.global_step, experience.columns["index"][::experience.group_size]))
+
+    def on_advantages_computed(self, trainer, module, experience):
+        noise = experience.rewards - module.rewards.combine(experience.rewards_per_func)
+        RECORD["noise"].append((trainer.global_step, noise.tolist()))
+
+
+def half_constant(prompts, completions, kind, completion_ids, **_):
+    """0 for "constant" rows (zero-variance groups, always filtered); the length parity otherwise."""
+    return [0.0 if k == "constant" else float(len(ids) % 2) for k, ids in zip(kind, completion_ids)]
 
 
 def main() -> None:
@@ -33,6 +58,7 @@ def main() -> None:
     p.add_argument("--kl-coef", type=float, default=0.05)
     p.add_argument("--resume-at", type=int, default=None)
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--streams", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.resume_at is None:
@@ -44,17 +70,27 @@ def main() -> None:
         fit(args, args.resume_at, version="part0", callbacks=[every])
         trainer, module = fit(args, args.steps, version="part1", ckpt_path=os.path.join(args.out, "ckpt.ckpt"))
     save_weights(trainer, module, args.out)
+    if args.streams:
+        with open(os.path.join(args.out, f"streams_rank{trainer.global_rank}.json"), "w") as f:
+            json.dump(RECORD, f)
 
 
 def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=()):
     devices = 1 if args.strategy == "single" else 2
     strategy = {"single": "auto", "ddp": "ddp",
                 "fsdp2": L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}[args.strategy]
-    module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"), reward_funcs=[task.exact_answer],
-                      group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
+    module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"),
+                      reward_funcs=[half_constant if args.streams else task.exact_answer], group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
                       generation=dict(max_new_tokens=4, max_prompt_length=8))
     train, _ = task.split_pairs()
-    data = PromptDataModule(task.rows(train[:32]), batch_size=args.prompts // devices, seed=1)
+    rows = task.rows(train[:32])
+    if args.streams:
+        rows = [{**r, "kind": "constant" if i % 2 else "parity"} for i, r in enumerate(rows)]
+        callbacks = list(callbacks) + [RewardDithering(scale=0.1, seed=5),
+                                       CurriculumSampler(None, use_as="loss", dynamic_filtering=True,
+                                                         max_refill_rounds=2, seed=9),
+                                       StreamRecorder()]
+    data = PromptDataModule(rows, batch_size=args.prompts // devices, seed=1)
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
                         logger=CSVLogger(args.out, name="", version=version), log_every_n_steps=1,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
