@@ -1,15 +1,22 @@
 """Ablations of the seed-method callbacks on the arithmetic demo: each callback on its own
 against plain GRPO (and all seven together), on fixed seeds.
 
-Writes ``<out>/ablations.md`` (final held-out accuracy, steps to a target accuracy, mean KL,
-mean entropy) and ``<out>/ablations.png`` (held-out accuracy over steps).
+Writes ``<out>/ablations.md`` (final test accuracy, its per-seed difference to plain GRPO, final
+dev accuracy, steps to a target dev accuracy, mean KL, mean entropy) and ``<out>/ablations.png``
+(dev accuracy over steps).
 
-    python examples/ablations.py                 # 9 arms × 3 seeds × 120 steps: about 8 minutes on 2 CPU cores
+Selection and reporting use different sums (``task.split_pairs_with_dev``, split by unordered
+pair): validation during training, and so ``ReferenceReset(mode="best")``'s choice of the best
+policy, runs on the 200 **dev** sums; the figure reported is one greedy evaluation of the final
+policy on the 300 held-out **test** sums after training (a separate Trainer with no callbacks).
+
+    python examples/ablations.py                 # 9 arms × 3 seeds × 120 steps: 6-12 minutes on 2 CPU cores
     python examples/ablations.py --steps 20 --seeds 0 --arms grpo safe
 
 Every arm starts from the same warm start, data order and rollout seed; only the callback
-differs. Each arm runs once per seed; the table gives the mean (± the spread between seeds). With the HF engine rollouts are on-policy, so ESSScaledLR leaves the LR unchanged
-(ρ = 1) by construction: its arm shows that it is a no-op there, not a gain.
+differs. Each arm runs once per seed; the table gives the mean (± the spread between seeds). With the
+HF engine rollouts are on-policy, so ESSScaledLR leaves the LR unchanged (ρ = 1) by construction: its
+arm shows that it is a no-op there, not a gain.
 """
 from __future__ import annotations
 
@@ -51,12 +58,12 @@ ARMS = {
 
 def run_arm(name: str, args: argparse.Namespace, seed: int) -> dict[str, float]:
     L.seed_everything(seed, verbose=False)
-    train, held = task.split_pairs()
+    train, dev, test = task.split_pairs_with_dev()
     module = RLModule(args.model, reward_funcs=[task.exact_answer], group_size=args.group_size, kl_coef=args.kl_coef,
                       lr=args.lr, seed=seed, generation=dict(max_new_tokens=4, temperature=1.0, max_prompt_length=8))
     module.rollout_engine = HFGenerateEngine(module.policy, module.tokenizer.eos_token_id,
                                              module.tokenizer.pad_token_id, return_logprobs=True)
-    data = PromptDataModule(task.rows(train), val_data=task.rows(held[:args.val_prompts]), batch_size=args.prompts,
+    data = PromptDataModule(task.rows(train), val_data=task.rows(dev[:args.dev_prompts]), batch_size=args.prompts,
                             val_batch_size=300, seed=seed)
     logger = CSVLogger(args.out, name=name, version=f"seed{seed}")
     trainer = L.Trainer(max_steps=args.steps, logger=logger, log_every_n_steps=1, accelerator="cpu", devices=1,
@@ -67,7 +74,17 @@ def run_arm(name: str, args: argparse.Namespace, seed: int) -> dict[str, float]:
     trainer.fit(module, datamodule=data)
     seconds = time.time() - start
     rows = list(csv.DictReader(open(os.path.join(logger.log_dir, "metrics.csv"))))
-    return summarise(rows, args.target, seconds)
+    return {**summarise(rows, args.target, seconds), "final_dev": accuracy(module, train, dev[:args.dev_prompts]),
+            "test_accuracy": accuracy(module, train, test)}
+
+
+def accuracy(module: RLModule, train: list, pairs: list) -> float:
+    """Greedy accuracy of the policy as training left it (for ReferenceReset: the best-on-dev policy its last
+    validation reset to), outside the fit: a fresh Trainer without callbacks or logger, so nothing can react."""
+    evaluator = L.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[], enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False)
+    data = PromptDataModule(task.rows(train[:1]), val_data=task.rows(pairs), val_batch_size=300)
+    return float(evaluator.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"])
 
 
 def summarise(rows: list[dict[str, str]], target: float, seconds: float) -> dict[str, float]:
@@ -77,38 +94,45 @@ def summarise(rows: list[dict[str, str]], target: float, seconds: float) -> dict
     val = column("val/accuracy", shift=1)  # logged at the step index before the validation
     reached = [s for s, v in val if v >= target]
     mean = lambda xs: sum(v for _, v in xs) / len(xs) if xs else float("nan")  # noqa: E731
-    return {"final_accuracy": val[-1][1] if val else float("nan"), "steps_to_target": reached[0] if reached else None,
+    return {"steps_to_target": reached[0] if reached else None,
             "mean_kl": mean(column("kl")), "mean_entropy": mean(column("entropy")), "seconds": seconds,
             "curve": val}
 
 
 def combine(runs: list[dict]) -> dict:
-    """One arm over seeds: means (and the spread of the final accuracy), the mean curve."""
+    """One arm over seeds: means (and the spread of the final test accuracy), the mean dev curve."""
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    finals = [r["final_accuracy"] for r in runs]
+    finals = [r["test_accuracy"] for r in runs]
     reached = [r["steps_to_target"] for r in runs if r["steps_to_target"] is not None]
     by_step = [dict(r["curve"]) for r in runs]
     steps = sorted(set.intersection(*(set(c) for c in by_step)))  # validations every seed ran
     curve = [(step, mean([c[step] for c in by_step])) for step in steps]
-    return {"final_accuracy": mean(finals), "final_spread": max(finals) - min(finals),
+    return {"test_accuracy": mean(finals), "test_spread": max(finals) - min(finals), "test_per_seed": finals,
+            "final_dev": mean([r["final_dev"] for r in runs]),
             "steps_to_target": statistics.median(reached) if len(reached) == len(runs) else None,
             "mean_kl": mean([r["mean_kl"] for r in runs]), "mean_entropy": mean([r["mean_entropy"] for r in runs]),
             "seconds": sum(r["seconds"] for r in runs), "curve": curve}
 
 
 def write_table(results: dict[str, dict], args: argparse.Namespace) -> str:
-    lines = [f"| arm | final held-out accuracy (± half the range over seeds) | median steps to {args.target:.0%} | mean KL | "
-             "mean entropy | CPU s (all seeds) |", "|---|---|---|---|---|---|"]
+    lines = ["| arm | final test accuracy (± half the range over seeds) | Δ test vs grpo, per seed (points) | "
+             f"final dev accuracy | median steps to {args.target:.0%} dev | mean KL | mean entropy | wall s of fit (all seeds) |",
+             "|---|---|---|---|---|---|---|---|"]
+    base = results.get("grpo")
     for name, r in results.items():
         steps = f"{r['steps_to_target']:g}" if r["steps_to_target"] is not None else f"> {args.steps} (some seed)"
-        lines.append(f"| {name} | {r['final_accuracy']:.1%} ± {r['final_spread'] / 2:.1%} | {steps} | "
-                     f"{r['mean_kl']:.4f} | {r['mean_entropy']:.3f} | {r['seconds']:.0f} |")
+        delta = ("—" if base is None or name == "grpo" else
+                 " / ".join(f"{100 * (a - b):+.1f}" for a, b in zip(r["test_per_seed"], base["test_per_seed"])))
+        lines.append(f"| {name} | {r['test_accuracy']:.1%} ± {r['test_spread'] / 2:.1%} | {delta} | "
+                     f"{r['final_dev']:.1%} | {steps} | {r['mean_kl']:.4f} | {r['mean_entropy']:.3f} | "
+                     f"{r['seconds']:.0f} |")
     table = "\n".join(lines)
     path = os.path.join(args.out, "ablations.md")
     with open(path, "w") as f:
         f.write(f"{args.steps} GRPO steps per arm and seed, {args.prompts} prompts × {args.group_size} completions, "
-                f"β {args.kl_coef}, seeds {args.seeds}; held-out accuracy: greedy on {args.val_prompts} unseen sums, "
-                f"every {args.val_every} steps.\n\n"
+                f"β {args.kl_coef}, seeds {args.seeds}; validation (curve, selection): greedy on {args.dev_prompts} dev "
+                f"sums every {args.val_every} steps; test: greedy on {task.HELD_OUT} held-out sums, once, after "
+                "training.\n\n"
                 f"{table}\n")
     return table
 
@@ -124,7 +148,7 @@ def plot(results: dict[str, dict], path: str) -> None:
         if r["curve"]:
             ax.plot(*zip(*r["curve"]), marker="o", label=name)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_ylabel("dev accuracy (greedy, 200 sums)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -140,18 +164,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--kl-coef", type=float, default=0.01,
                         help="the base β the KL callbacks modulate (the demo's 0.001 leaves them little to act on)")
-    parser.add_argument("--val-prompts", type=int, default=300)
+    parser.add_argument("--dev-prompts", type=int, default=task.DEV, help="dev sums validated on (selection, curve)")
     parser.add_argument("--val-every", type=int, default=20)
     parser.add_argument("--target", type=float, default=0.65)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/ablations")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    start = time.time()
+    start, load_before = time.time(), os.getloadavg()[0]
     results = {name: combine([run_arm(name, args, seed) for seed in args.seeds]) for name in args.arms}
     print(write_table(results, args))
     plot(results, os.path.join(args.out, "ablations.png"))
-    print(f"\n{len(results)} arms in {time.time() - start:.0f} s; table and plot in {args.out}/")
+    print(f"\n{len(results)} arms in {time.time() - start:.0f} s (1-minute load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores); table and plot in {args.out}/")
     return results
 
 

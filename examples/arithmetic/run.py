@@ -1,8 +1,10 @@
 """The main demo: GRPO teaches a tiny model 2-digit addition on 2 CPU cores.
 
-It starts from the shipped warm start (``warm_start/``, ~34 % greedy accuracy on 300 held-out
-sums), runs GRPO on a standard ``lightning.Trainer``, and prints held-out accuracy before and
-after. Metrics go to ``runs/arithmetic/`` (CSV) with a PNG of the curves beside them.
+It starts from the shipped warm start (``warm_start/``, 35.3 % greedy accuracy on the 300
+held-out test sums of ``task.split_pairs()``, split by unordered pair so no test sum's mirror is
+trained on), runs GRPO on a standard ``lightning.Trainer``, and prints held-out accuracy before and
+after. Nothing is selected on the test sums during the run (the policy reported is the last one).
+Metrics go to ``runs/arithmetic/`` (CSV) with a PNG of the curves beside them.
 
     python examples/arithmetic/run.py            # the full demo (~2-3 minutes)
     python examples/arithmetic/run.py --steps 20 # a shorter run

@@ -1,8 +1,12 @@
 """Build the warm-start checkpoint: a short supervised run on 2-digit addition.
 
-The RL demo starts from a model that is right on roughly 34 % of held-out sums, leaving room to
-learn. The result is small (~1.3 MB) and shipped in ``warm_start/``; this script rebuilds it
-bit for bit on CPU (fixed seeds): ``python examples/arithmetic/warm_start.py``.
+The RL demo starts from a model that is right on roughly 35 % of held-out sums, leaving room to
+learn. It trains on ``task.split_pairs()``'s training sums only (split by unordered pair: the
+mirror ``b+a`` of a held-out ``a+b`` is not trained on either). The step count (350) was chosen
+on the dev sums, not the test sums: at batch 64 and lr 1e-3 SFT accuracy jumps from ~30-40 % at
+300-350 steps to ~67 % at 400 (dev 29.0 / 39.5 / 66.5 % at 300 / 350 / 400 steps), and 350 is the
+last count that leaves RL room. The result is small (~1.3 MB) and shipped in ``warm_start/``; this
+script rebuilds it bit for bit on CPU (fixed seeds): ``python examples/arithmetic/warm_start.py``.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ def encode_batch(tokenizer, batch: list[dict[str, str]]) -> tuple[torch.Tensor, 
     return x, y
 
 
-def train(steps: int = 400, batch_size: int = 64, lr: float = 1e-3, seed: int = 0):
+def train(steps: int = 350, batch_size: int = 64, lr: float = 1e-3, seed: int = 0):
     tokenizer = task.build_tokenizer()
     model = task.build_model(seed=seed)
     train_pairs, _ = task.split_pairs()
@@ -68,12 +72,13 @@ def greedy_accuracy(model, tokenizer, pairs) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=DEFAULT_DIR)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=350)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     model, tokenizer = train(args.steps)
-    _, held_out = task.split_pairs()
-    print(f"held-out greedy accuracy after SFT: {greedy_accuracy(model, tokenizer, held_out):.1%}")
+    _, dev, test = task.split_pairs_with_dev()
+    print(f"greedy accuracy after SFT: dev {greedy_accuracy(model, tokenizer, dev):.1%} ({len(dev)} sums), "
+          f"held-out test {greedy_accuracy(model, tokenizer, test):.1%} ({len(test)} sums)")
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
