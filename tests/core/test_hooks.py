@@ -58,15 +58,20 @@ class Filter(RLCallback):
         return experience.select_groups([0])
 
 
-def _length_reward_module(warm_start_dir):
-    return RLModule(warm_start_dir, reward_funcs=[lambda prompts, completions, **_: [float(len(c)) for c in completions]],
+def token_sum(prompts, completions, completion_ids, **_):
+    """A reward that differs within almost every group (so advantages are not all zero)."""
+    return [float(sum(ids)) for ids in completion_ids]
+
+
+def _spread_reward_module(warm_start_dir):
+    return RLModule(warm_start_dir, reward_funcs=[token_sum],
                     group_size=4, generation=GEN, lr=1e-2, kl_coef=0.0)
 
 
 def test_sample_weights_reach_the_loss(warm_start_dir, arithmetic_rows):
     moved = []
     for callbacks in ([], [ZeroWeights()]):  # the control run proves the step would move the weights
-        module = _length_reward_module(warm_start_dir)
+        module = _spread_reward_module(warm_start_dir)
         before = {k: v.clone() for k, v in module.policy.state_dict().items()}
         _fit(module, callbacks, arithmetic_rows, steps=2)
         moved.append(any(not torch.equal(before[k], v) for k, v in module.policy.state_dict().items()))
@@ -95,8 +100,10 @@ def test_knobs_moved_in_on_before_loss_are_used(warm_start_dir, arithmetic_rows)
     constructor, and unlike the constructor's own value (so the knob reached the loss)."""
     def weights(kl_coef, callbacks):
         torch.manual_seed(0)
-        module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, generation=GEN, lr=1e-2,
-                          kl_coef=kl_coef, reference=True, seed=1)
+        # A token-id-sum reward has spread in every group, so step 1 moves the policy off the
+        # reference and the KL term (zero gradient while they are equal) shapes step 2.
+        module = RLModule(warm_start_dir, reward_funcs=[token_sum],
+                          group_size=4, generation=GEN, lr=1e-2, kl_coef=kl_coef, reference=True, seed=1)
         _fit(module, callbacks, arithmetic_rows, steps=2)
         return module.policy.state_dict()
 
