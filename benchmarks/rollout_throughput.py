@@ -31,7 +31,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import task  # noqa: E402
 from lightning_rlpt.rollout import HFGenerateEngine  # noqa: E402
-from lightning_rlpt.sampling import SamplingConfig  # noqa: E402
+from lightning_rlpt.rollout.sampling import SamplingConfig  # noqa: E402
 
 
 def build_model(vocab: int, path: str) -> LlamaForCausalLM:
@@ -58,7 +58,7 @@ def timed(engine, prompts: list[list[int]], sampling: SamplingConfig, reps: int)
 
 
 def measure(vocab: int, args: argparse.Namespace) -> list[tuple[str, float, int]]:
-    from lightning_rlpt.vllm_engine import VLLMEngine
+    from lightning_rlpt.rollout.vllm.engine import VLLMEngine
 
     path = tempfile.mkdtemp(prefix=f"rlpt-bench-{vocab}-")
     model = build_model(vocab, path)

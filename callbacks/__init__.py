@@ -1,7 +1,7 @@
 """Lightning callbacks for RL post-training, installed as ``lightning_rlpt.callbacks``.
 
 Each callback acts through the hook points of `lightning_rlpt.hooks` and the module's public
-knobs (see docs/architecture.md). Imports are lazy so that, for example, vLLM is only imported
+surface (`lightning_rlpt.hooks.PUBLIC_SURFACE`, docs/architecture.md). Imports are lazy so that, for example, vLLM is only imported
 when `VLLMRollout` is used.
 """
 from importlib import import_module

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from lightning_rlpt.model.distributed import reduce_over_ranks
+
 
 def log_metrics(module: Any, prefix: str, values: dict[str, float]) -> None:
     """``module.log`` each value as ``prefix/name`` for this step (values are already global)."""
@@ -27,23 +29,11 @@ def require_reference(module: Any, who: str) -> None:
 
 def global_mean(trainer: Any, values: list[float]) -> list[float]:
     """Mean of each value over data-parallel ranks (identity on one process)."""
-    t = torch.tensor(values, dtype=torch.float64)
-    if trainer is not None and getattr(trainer, "world_size", 1) > 1:
-        t = trainer.strategy.reduce(t.to(trainer.strategy.root_device), reduce_op="mean").cpu()
-    return t.tolist()
+    return reduce_over_ranks(trainer, values, "mean")
 
 
 def global_sum(trainer: Any, values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    if trainer is not None and getattr(trainer, "world_size", 1) > 1:
-        t = trainer.strategy.reduce(t.to(trainer.strategy.root_device), reduce_op="sum").cpu()
-    return t.tolist()
-
-
-def raw_scores(module: Any, experience: Any) -> torch.Tensor:
-    """The weighted reward *before* any callback edited ``rewards`` (e.g. dithering): success and
-    pass-rate statistics stay those of the task whatever order the callbacks are listed in."""
-    return module.rewards.combine(experience.rewards_per_func)
+    return reduce_over_ranks(trainer, values, "sum")
 
 
 def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,12 @@ from typing import Any
 
 from lightning_rlpt.hooks import RLCallback
 
-from ._common import global_mean, log_metrics, raw_scores, require, require_reference
+from ._common import global_mean, log_metrics, require, require_reference
 
 
 class AccuracyConditionedKL(RLCallback):
     """Set ``kl_coef`` from the rollout's accuracy: loose while the policy fails, tight once it
-    succeeds (FG-ExPO's accuracy-conditioned KL, arXiv 2605.11403; methods.md §3).
+    succeeds (FG-ExPO's accuracy-conditioned KL, arXiv 2605.11403; docs/callbacks.md).
 
     The paper fixes only "smooth and monotone"; this callback uses a logistic curve
 
@@ -20,7 +20,7 @@ class AccuracyConditionedKL(RLCallback):
     with ``a`` the fraction of the rollout's completions whose raw weighted score (before any
     dithering) reaches the module's ``success_threshold``, averaged over ranks and optionally
     smoothed, ``a_s ← smoothing·a_s + (1 − smoothing)·a`` (first rollout: ``a_s = a``).
-    The callback **sets the module's ``kl_coef``** for every optimizer step of the rollout
+    The callback **sets ``module.knobs.kl_coef``** for every optimizer step of the rollout
     (``on_before_loss``); per-response ``kl_weights`` (e.g. `ResponseWeightedKL`) still multiply it.
 
     Args:
@@ -38,7 +38,7 @@ class AccuracyConditionedKL(RLCallback):
         (0.05, 0.0982)
     """
 
-    knobs = ("kl_coef", "use_reference", "rewards")
+    requires = ("knobs", "use_reference", "success_threshold")
 
     def __init__(self, kl_min: float = 0.0, kl_max: float = 0.05, midpoint: float = 0.5, steepness: float = 10.0,
                  smoothing: float = 0.0):
@@ -69,14 +69,14 @@ class AccuracyConditionedKL(RLCallback):
     def on_rewards_computed(self, trainer, module, experience):
         if len(experience) == 0:  # filtered away: keep the current coefficient
             return
-        correct = raw_scores(module, experience) >= module.hparams.success_threshold
+        correct = experience.scores >= module.success_threshold
         accuracy = global_mean(trainer, [correct.float().mean().item()])[0]
         coef = self.observe(accuracy)
         log_metrics(module, "akl", {"accuracy": accuracy, "accuracy_smoothed": self.accuracy, "kl_coef": coef})
 
     def on_before_loss(self, trainer, module, minibatch):
         if self.kl_coef is not None:
-            module.kl_coef = self.kl_coef
+            module.knobs.kl_coef = self.kl_coef
 
     def state_dict(self) -> dict[str, Any]:
         return {"accuracy": self.accuracy, "kl_coef": self.kl_coef}

@@ -7,12 +7,11 @@ from typing import Any
 import torch
 
 from lightning_rlpt.hooks import RLCallback
-from lightning_rlpt.logprobs import completion_logprobs
+from lightning_rlpt.algorithms.losses import POLICY_LOSSES
+from lightning_rlpt.algorithms.numerics import safe_ratio
 
 from ._common import global_sum, log_metrics, require
 
-# Losses whose clip_low/clip_high mean the token ratio range [1 - clip_low, 1 + clip_high] on π/π_old.
-TOKEN_CLIP_LOSSES = ("ppo_clip", "minpro")
 MEASURES = ("gradient", "clamped")
 
 
@@ -38,17 +37,17 @@ class BAPO(RLCallback):
     ``c_high`` by ``high_step`` up to ``high_bounds[1]`` (the authors' order). The sums are
     all-reduced over data-parallel ranks (``trainer.strategy.reduce``) so every rank picks the
     same bounds: the whole search path is evaluated locally and reduced in one call. The result
-    sets ``module.clip_low = 1 - c_low`` and ``module.clip_high = c_high - 1`` in
+    sets ``module.knobs.clip_low = 1 - c_low`` and ``module.knobs.clip_high = c_high - 1`` in
     ``on_before_loss``.
 
     ``r`` needs the current log-probs: when the mini-batch has ``old_logprobs`` (the rollout is
-    reused, or the engine reports behaviour log-probs) one extra no-grad forward computes them;
+    reused, or a callback asked ``module.request(old_logprobs=True)``) one extra no-grad forward computes them;
     otherwise the step is on-policy, ``r = 1``, and the bounds cannot change the balance.
     Works with losses that read the knobs as a token ratio range (``ppo_clip``, ``minpro``).
 
     Args:
         target_ratio: the wanted ``pos/neg`` (authors' default 1.0).
-        low_bounds: ``(start, max)`` of ``c_low``; methods.md's ``[0.6, 0.9]`` (the authors'
+        low_bounds: ``(start, max)`` of ``c_low``; the paper's ``[0.6, 0.9]`` (the authors'
             example config stops at 0.8).
         high_bounds: ``(start, max)`` of ``c_high``; ``[1.2, 3.0]`` (authors' example: 2.0).
         low_step / high_step: increments (0.05).
@@ -64,7 +63,7 @@ class BAPO(RLCallback):
         [(0.6, 1.2), (0.65, 1.2), (0.7, 1.2), (0.7, 1.25), (0.7, 1.3)]
     """
 
-    knobs = ("clip_low", "clip_high", "cfg")
+    requires = ("knobs", "objective", "policy_logprobs")
 
     def __init__(self, target_ratio: float = 1.0, low_bounds: tuple[float, float] = (0.6, 0.9),
                  high_bounds: tuple[float, float] = (1.2, 3.0), low_step: float = 0.05, high_step: float = 0.05,
@@ -90,9 +89,9 @@ class BAPO(RLCallback):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        loss = getattr(pl_module, "cfg", {}).get("policy_loss")
-        require(loss is None or loss in TOKEN_CLIP_LOSSES,
-                f"BAPO moves token ratio bounds, but the policy loss is {loss!r}; use one of {TOKEN_CLIP_LOSSES}")
+        loss, clipping = pl_module.objective.policy_loss, POLICY_LOSSES.names(token_clip=True)
+        require(loss in clipping,  # the losses that read clip_low/clip_high as the token ratio range
+                f"BAPO moves token ratio bounds, but the policy loss is {loss!r}; use one of {clipping}")
 
     # ---------------------------------------------------------------- the search
     def search_path(self) -> list[tuple[float, float]]:
@@ -134,10 +133,8 @@ class BAPO(RLCallback):
         """``π_θ/π_old`` per token for the mini-batch (1 when it is on-policy)."""
         if minibatch.old_logprobs is None:
             return torch.ones_like(minibatch.completion_mask, dtype=torch.float32)
-        logp, _ = completion_logprobs(module.policy, minibatch.input_ids, minibatch.attention_mask,
-                                      minibatch.completion_ids.shape[1], temperature=module.sampling.temperature,
-                                      use_fused_kernel=module.hparams.use_fused_kernel)
-        return torch.exp((logp.float() - minibatch.old_logprobs.float()).clamp(-20.0, 20.0))
+        logp, _ = module.policy_logprobs(minibatch)
+        return safe_ratio(logp.float() - minibatch.old_logprobs.float())
 
     def on_before_loss(self, trainer: Any, module: Any, minibatch: Any) -> None:
         path = self.search_path()
@@ -146,7 +143,7 @@ class BAPO(RLCallback):
         sums = torch.tensor(global_sum(trainer, local.flatten().tolist()), dtype=torch.float64).view(-1, 2)
         index, self.pos_neg_ratio = self.choose(sums)
         self.c_low, self.c_high = path[index]
-        module.clip_low, module.clip_high = 1.0 - self.c_low, self.c_high - 1.0
+        module.knobs.clip_low, module.knobs.clip_high = 1.0 - self.c_low, self.c_high - 1.0
         self.steps += 1
         log_metrics(module, "bapo", {"c_low": self.c_low, "c_high": self.c_high,
                                      "pos_neg_ratio": min(self.pos_neg_ratio, 1e6)})

@@ -35,6 +35,8 @@ class CompletionSamples(RLCallback):
         >>> trainer = L.Trainer(callbacks=[CompletionSamples(every_n_steps=10, num_samples=4)])  # doctest: +SKIP
     """
 
+    requires = ("reward_names",)
+
     def __init__(self, every_n_steps: int = 50, num_samples: int = 8, filename: str = "completions.csv",
                  max_chars: int = 500):
         if every_n_steps < 1 or num_samples < 1:
@@ -60,7 +62,7 @@ class CompletionSamples(RLCallback):
             return None
         n = len(experience)
         self._picked = sorted(set(torch.linspace(0, n - 1, min(self.num_samples, n)).round().long().tolist()))
-        names = module.rewards.names
+        names = module.reward_names
         per_func = experience.rewards_per_func.detach().cpu()
         for i in self._picked:
             row = {"step": trainer.global_step, "prompt": _text(experience.prompts[i]),

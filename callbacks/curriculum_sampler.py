@@ -7,10 +7,9 @@ from typing import Any
 import torch
 
 from lightning_rlpt.hooks import RLCallback
-from lightning_rlpt.weighted_sampler import WeightedEpochSampler
+from lightning_rlpt.data.samplers import WeightedEpochSampler
 
-from . import _refill
-from ._common import log_metrics, raw_scores, require, seeded_generator
+from ._common import log_metrics, require, seeded_generator
 
 WEIGHTINGS = ("gaussian", "beta", "sqrt_variance", "length", None)
 USES = ("sampling", "loss")
@@ -94,7 +93,7 @@ class CurriculumSampler(RLCallback):
         [0.0, 0.25, 0.0]
     """
 
-    knobs = ("rewards", "group_size", "rollout_and_score")
+    requires = ("group_size", "success_threshold", "refill", "tokenizer")
 
     def __init__(self, weighting: str | None = "gaussian", use_as: str = "sampling", mu: float = 0.5,
                  sigma: float = 0.25, alpha: float = 1.0, beta: float = 1.0,
@@ -181,8 +180,8 @@ class CurriculumSampler(RLCallback):
         if "index" not in exp.columns:
             raise ValueError("CurriculumSampler needs the dataset row of each prompt (an 'index' column, which "
                              "PromptDataModule adds): use PromptDataModule or add 'index' to your batches")
-        scores = raw_scores(module, exp).view(-1, g)
-        passed = (scores >= module.hparams.success_threshold).double().mean(1)
+        scores = exp.scores.view(-1, g)
+        passed = (scores >= module.success_threshold).double().mean(1)
         lengths = exp.completion_mask.sum(1).double().view(-1, g).mean(1)
         index = torch.tensor(exp.columns["index"][::g], dtype=torch.float64)
         table = torch.stack([index, passed.cpu(), lengths.cpu()], 1)
@@ -210,7 +209,7 @@ class CurriculumSampler(RLCallback):
 
     def on_rollout_scored(self, trainer, module, experience):
         scores = self._observe_experience(trainer, module, experience)
-        metrics = {"pass_rate": (scores >= module.hparams.success_threshold).float().mean().item()}
+        metrics = {"pass_rate": (scores >= module.success_threshold).float().mean().item()}
         if self._dataset is not None:
             metrics["seen"] = len(self.stats) / len(self._dataset)
         if self.dynamic_filtering:
@@ -246,11 +245,11 @@ class CurriculumSampler(RLCallback):
             drawn = self._draw(need * world, seeded_generator(self.seed, self.rollouts, rounds))
             rows = [self._dataset[i] for i in drawn[rank * need:(rank + 1) * need]]
             seed = int(torch.randint(0, 2**62, (1,), generator=seeded_generator(self.seed, self.rollouts, rounds, rank)))
-            more = _refill.rollout_more(module, rows, seed)
+            more = module.refill(rows, seed)
             more_scores = self._observe_experience(trainer, module, more)
             good = self._informative(more_scores)[: max(target - kept.num_groups, 0)]
             if good:
-                kept = _refill.concat(kept, more.select_groups(good), module.tokenizer.pad_token_id)
+                kept = kept.concat(more.select_groups(good), module.tokenizer.pad_token_id)
         metrics = {"zero_variance_groups": float(zero), "refill_rounds": float(rounds), "kept_groups": float(kept.num_groups)}
         if kept.num_groups == 0:  # nothing informative: train on the batch as sampled rather than skip the step
             kept = exp

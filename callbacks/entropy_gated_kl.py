@@ -7,9 +7,8 @@ from typing import Any
 import torch
 
 from lightning_rlpt.hooks import RLCallback
-from lightning_rlpt.logprobs import completion_logprobs
 
-from ._common import global_sum, log_metrics, raw_scores, require, require_reference
+from ._common import global_sum, log_metrics, require, require_reference
 
 PHASES = ("warmup", "climbing", "converged", "plateau")
 
@@ -35,7 +34,7 @@ class EntropyGatedKL(RLCallback):
 
     **How it acts on the loss.** SAFE adds ``λ·(kl − τ)²·g(H)`` with
     ``g(H) = max(min_entropy_factor, entropy_floor/(H + entropy_eps))`` but computes it from a
-    Python float, so it has no gradient. Here the callback **sets the module's ``kl_coef``** for
+    Python float, so it has no gradient. Here the callback **sets ``module.knobs.kl_coef``** for
     every optimizer step of the rollout (``on_before_loss``) to
 
         ``β = base_kl_coef + 2λ·(kl_s − τ)·g(H)`` when ``kl_s > τ``, else ``base_kl_coef``,
@@ -69,7 +68,7 @@ class EntropyGatedKL(RLCallback):
         0.4495
     """
 
-    knobs = ("kl_coef", "use_reference", "rewards")
+    requires = ("knobs", "use_reference", "policy_logprobs")
 
     def __init__(self, base_kl_coef: float | None = None, penalty_scale: float = 0.1, entropy_floor: float = 2.0,
                  min_entropy_factor: float = 0.5, entropy_eps: float = 0.1, kl_smoothing: float = 0.9,
@@ -159,26 +158,23 @@ class EntropyGatedKL(RLCallback):
         super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "EntropyGatedKL")
         if self.base_kl_coef is None:
-            self.base_kl_coef = float(pl_module.kl_coef)
+            self.base_kl_coef = float(pl_module.knobs.kl_coef)
 
     def on_advantages_computed(self, trainer, module, experience):
         mask = experience.completion_mask.float()
         with torch.no_grad():
-            logp, entropy = completion_logprobs(
-                module.policy, experience.input_ids, experience.attention_mask, experience.completion_ids.shape[1],
-                temperature=module.sampling.temperature, with_entropy=True,
-                use_fused_kernel=module.hparams.use_fused_kernel)
+            logp, entropy = module.policy_logprobs(experience, with_entropy=True)
         delta = (logp - experience.ref_logprobs) * mask
         tokens = mask.sum().item()
         reward, kl_sum, ent_sum, count = global_sum(trainer, [
-            raw_scores(module, experience).float().mean().item(), delta.sum().item(), (entropy * mask).sum().item(), tokens])
+            experience.scores.float().mean().item(), delta.sum().item(), (entropy * mask).sum().item(), tokens])
         world = max(1, getattr(trainer, "world_size", 1))
         signals = self.observe(reward / world, kl_sum / max(count, 1), ent_sum / max(count, 1))
         log_metrics(module, "safe", signals)
 
     def on_before_loss(self, trainer, module, minibatch):
         if self.kl_coef is not None:
-            module.kl_coef = self.kl_coef
+            module.knobs.kl_coef = self.kl_coef
 
     def state_dict(self) -> dict[str, Any]:
         return {"base_kl_coef": self.base_kl_coef, "kl_smoothed": self.kl_smoothed, "reward_ema": self.reward_ema,

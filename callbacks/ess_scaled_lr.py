@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from lightning_rlpt.advantages import compute_advantages
+from lightning_rlpt.algorithms.advantages import compute_advantages
+from lightning_rlpt.algorithms.numerics import safe_ratio
 from lightning_rlpt.hooks import RLCallback
 
 from ._common import global_sum, log_metrics, require
@@ -18,7 +19,7 @@ GRAD_NORM_PROXIES = ("none", "length")
 
 class ESSScaledLR(RLCallback):
     """Shrink the step when the importance weights are degenerate (VCPO, "Variance-Controlled
-    Policy Optimization", mit-han-lab/vcpo; methods.md §5).
+    Policy Optimization", mit-han-lab/vcpo; formulas in docs/callbacks.md).
 
     Per optimizer step, on the mini-batch about to be trained on (captured in
     ``on_before_loss``): sequence weights ``w_i = exp(Σ_t mask·(logπ_old − logπ_behaviour))``
@@ -34,12 +35,12 @@ class ESSScaledLR(RLCallback):
 
     ``baseline="min_variance"`` also replaces the advantages (``on_advantages_computed``) with
     VCPO's minimum-variance off-policy baseline, ``A = R − Σ W R/Σ W``, ``W = ‖g‖²·w²``
-    (``lightning_rlpt.advantages_offpolicy`` derives it; ``grad_norm_proxy`` picks ‖g‖²: 1 or
+    (``lightning_rlpt.algorithms.advantages.min_variance`` derives it; ``grad_norm_proxy`` picks ‖g‖²: 1 or
     the response length). Pair it with a sequence-level correction, e.g.
     ``RLModule(rollout_correction="seq_tis", rollout_correction_cap=8)``, so w enters once.
 
-    Needs behaviour log-probs from the engine: ``RLModule(..., rollout_logprobs=True)`` with the
-    built-in HF engine, or the vLLM rollout.
+    Needs behaviour log-probs from the engine: it asks the module's HF engine for them
+    (``module.request(rollout_logprobs=True)``); vLLM always reports them.
 
     Args:
         rule: ``sqrt`` (VCPO default) or ``linear``.
@@ -62,7 +63,7 @@ class ESSScaledLR(RLCallback):
         (0.5, 0.5)
     """
 
-    knobs = ("needs_old_logprobs", "engine")
+    requires = ("request", "rollout_engine")
 
     def __init__(self, rule: str = "sqrt", rho_base: float = 1.0, truncation: float = 8.0, use_truncated: bool = False,
                  tolerance: float = 1e-6, baseline: str | None = None, grad_norm_proxy: str = "none"):
@@ -80,9 +81,8 @@ class ESSScaledLR(RLCallback):
     # ------------------------------------------------------------------ the formula
     @staticmethod
     def sequence_weights(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``[N]`` sequence IS weights ``exp(Σ_t mask·(old − behaviour))`` (log clamped to ±20)."""
-        log_w = ((old.detach().double() - behaviour.double()) * mask.double()).sum(-1)
-        return torch.exp(log_w.clamp(-20.0, 20.0))
+        """``[N]`` sequence IS weights ``exp(Σ_t mask·(old − behaviour))`` (log clamped to ±MAX_LOG_RATIO)."""
+        return safe_ratio(((old.detach().double() - behaviour.double()) * mask.double()).sum(-1))
 
     def scale_for(self, weights: torch.Tensor, trainer: Any = None) -> tuple[float, float]:
         """(ρ, LR factor) for the global mini-batch whose local weights are ``weights``."""
@@ -97,14 +97,16 @@ class ESSScaledLR(RLCallback):
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        pl_module.needs_old_logprobs = True  # the ESS is measured before the loss, from π_old / π_behaviour
+        # the ESS is measured before the loss, from π_old / π_behaviour
+        pl_module.request(old_logprobs=True, rollout_logprobs=True)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        engine = pl_module.engine
-        if getattr(engine, "return_logprobs", True) is False:
+        engine = pl_module.rollout_engine  # None: the module's HF engine, which honours the request
+        if engine is not None and getattr(engine, "return_logprobs", True) is False:
             raise ValueError("ESSScaledLR needs behaviour log-probs from the rollout engine, and this "
-                             f"{type(engine).__name__} does not report them: build the module with "
-                             "RLModule(..., rollout_logprobs=True), or roll out with VLLMRollout")
+                             f"{type(engine).__name__} does not report them: build it with return_logprobs=True, "
+                             "leave the module's own engine (RLModule(..., rollout_logprobs=True)), or roll out with "
+                             "VLLMRollout")
 
     def on_advantages_computed(self, trainer, module, experience):
         if self.baseline is None:

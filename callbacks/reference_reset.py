@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from lightning_rlpt.hooks import RLCallback
-from lightning_rlpt.models import add_reference_adapter, is_peft, reference_pairs
+from lightning_rlpt.model.loading import add_reference_adapter, is_peft, reference_pairs
 
 from ._common import log_metrics, require, require_reference
 
@@ -15,7 +15,7 @@ MODES = ("best", "soft", "hard")
 
 
 class ReferenceReset(RLCallback):
-    """Re-anchor the reference policy (methods.md §2).
+    """Re-anchor the reference policy (REVA-PO's VAPR and TR-DPO's syncs; formulas in docs/callbacks.md).
 
     - ``mode="best"`` — REVA-PO's validation-anchored policy reset (VAPR, LiGuo12/REVA_PO):
       after each validation the policy is remembered if ``monitor`` improved; every
@@ -34,7 +34,7 @@ class ReferenceReset(RLCallback):
 
     Full fine-tuning moves the frozen copy ``module.reference``. Under LoRA/QLoRA (where the
     reference is otherwise the base with adapters disabled) ``setup`` adds a frozen second peft
-    adapter named ``reference`` (``lightning_rlpt.models.add_reference_adapter``), which the
+    adapter named ``reference`` (``lightning_rlpt.model.loading.add_reference_adapter``), which the
     module's ``reference_context`` then activates for reference log-probs; its ``lora_B`` starts
     at zero, so until it is first moved it *is* the base. Updates copy the policy adapter's
     factors into it (the soft mode interpolates A and B, not their product). Both the copy and
@@ -58,7 +58,7 @@ class ReferenceReset(RLCallback):
         >>> trpo = ReferenceReset(mode="soft", alpha=0.6, every_n_steps=512)
     """
 
-    knobs = ("policy", "reference", "use_reference")
+    requires = ("policy", "reference", "use_reference", "sync_engine")
 
     def __init__(self, mode: str = "best", monitor: str = "val/accuracy", monitor_mode: str = "max",
                  every_n_validations: int = 3, reset_optimizer: bool = True, every_n_steps: int = 512,
@@ -123,7 +123,7 @@ class ReferenceReset(RLCallback):
         if self.reset_optimizer:
             for optimizer in trainer.optimizers:
                 optimizer.state.clear()
-        pl_module.engine.sync_weights(pl_module, pl_module.policy_version)
+        pl_module.sync_engine()
         self.resets += 1
 
     # ------------------------------------------------------------------ soft / hard syncs

@@ -11,7 +11,7 @@ from ._common import log_metrics, require, require_reference, token_mean
 
 
 class ResponseWeightedKL(RLCallback):
-    """Response-weighted regularisation (RER) of REVA-PO (LiGuo12/REVA_PO; methods.md §2).
+    """Response-weighted regularisation (RER) of REVA-PO (LiGuo12/REVA_PO; docs/callbacks.md).
 
     For response i with advantage ``A_i``, ``H_i`` the token-mean entropy of the *reference*
     on it and ``x_i = (H_i − min_g H)/(max_g H − min_g H + eps)`` (min-max within its group):
@@ -25,7 +25,7 @@ class ResponseWeightedKL(RLCallback):
     writes ``kl_weights = β_i / b_base`` (in ``on_advantages_computed``), so the module's
     ``kl_coef`` plays ``b_base``. To reproduce the paper exactly use ``RLModule(kl_coef=0.1,
     kl_estimator="k3")`` (REVA-PO's KL is the token mean of ``β_i·k3``). In setup it sets
-    ``module.compute_ref_entropy = True`` (the reference forward then also returns entropies).
+    ``module.request(ref_entropy=True)`` (the reference forward then also returns entropies).
     Token-level advantages ``[N, C]`` are reduced to their token mean for the sign.
 
     Args:
@@ -44,7 +44,7 @@ class ResponseWeightedKL(RLCallback):
         [0.1, 0.12, 0.1, 0.05]
     """
 
-    knobs = ("use_reference", "compute_ref_entropy")
+    requires = ("use_reference", "request")
 
     def __init__(self, b_min: float = 0.05, b_base: float = 0.10, b_max: float = 0.12, eps: float = 1e-6):
         require(0 <= b_min <= b_base <= b_max, f"need 0 <= b_min <= b_base <= b_max (got {b_min}, {b_base}, {b_max}: inverted?)")
@@ -66,13 +66,13 @@ class ResponseWeightedKL(RLCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "ResponseWeightedKL")
-        pl_module.compute_ref_entropy = True
+        pl_module.request(ref_entropy=True)
 
     def on_advantages_computed(self, trainer, module, experience):
         entropy = experience.info.get("ref_entropy")
         if entropy is None:
-            raise RuntimeError("ResponseWeightedKL needs experience.info['ref_entropy']; it sets "
-                               "module.compute_ref_entropy = True in setup: was it reset by another callback?")
+            raise RuntimeError("ResponseWeightedKL needs experience.info['ref_entropy']; it asks "
+                               "module.request(ref_entropy=True) in setup: was setup skipped?")
         mask = experience.completion_mask.float()
         adv = experience.advantages
         adv = token_mean(adv, mask) if adv.dim() == 2 else adv

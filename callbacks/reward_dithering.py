@@ -16,7 +16,7 @@ DECAYS = (None, "linear", "cosine", "exponential")
 
 class RewardDithering(RLCallback):
     """Add zero-mean noise to each reward before advantages are computed (ReDit: "ReDit:
-    Reward Dithering for Improved LLM Policy Optimization", arXiv 2506.18631; methods.md §6).
+    Reward Dithering for Improved LLM Policy Optimization", arXiv 2506.18631; docs/callbacks.md).
 
     Discrete rewards (0/1) give many groups identical rewards, hence zero advantage and no
     gradient; small noise breaks the ties while leaving the expected reward unchanged. The

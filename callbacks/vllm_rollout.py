@@ -6,13 +6,14 @@ from typing import Any
 
 import lightning as L
 
+from lightning_rlpt.hooks import RLCallback, check_module
+from lightning_rlpt.model.weights import check_not_repacked, policy_weights
 from lightning_rlpt.rollout import RolloutEngine
-from lightning_rlpt.vllm_checks import context_length, import_vllm, model_config
-from lightning_rlpt.vllm_engine import VLLMEngine
-from lightning_rlpt.weight_sync import check_not_repacked
+from lightning_rlpt.rollout.vllm.checks import context_length, import_vllm, model_config
+from lightning_rlpt.rollout.vllm.engine import VLLMEngine
 
 
-class VLLMRollout(L.Callback):
+class VLLMRollout(RLCallback):
     """Replace the module's rollout engine with a colocated vLLM engine for the run.
 
     At ``setup`` (fit, or validate when ``validate=True``) the inputs are checked and a
@@ -58,6 +59,8 @@ class VLLMRollout(L.Callback):
         >>> trainer.fit(module, datamodule=data)  # doctest: +SKIP
     """
 
+    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version")
+
     def __init__(self, *, gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, dtype: Any = None, enable_prefix_caching: bool | None = None,
                  seed: int = 0, temperature: float | None = None, top_p: float | None = None,
@@ -93,9 +96,7 @@ class VLLMRollout(L.Callback):
         pl_module.rollout_engine = self.engine
 
     def _check(self, module: L.LightningModule) -> None:
-        for name in ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine"):
-            if not hasattr(module, name):
-                raise TypeError(f"VLLMRollout works with lightning_rlpt.RLModule; {type(module).__name__} has no {name!r}")
+        check_module(self, module)
         for param in module.policy.parameters():
             check_not_repacked(param)
         if module.sampling.top_p < 1 or module.sampling.top_k > 0:
@@ -114,8 +115,6 @@ class VLLMRollout(L.Callback):
         self._sync_now(module)
 
     def _sync_now(self, module: L.LightningModule) -> None:
-        from lightning_rlpt.weight_sync import policy_weights
-
         self.engine.load_weights(policy_weights(module.policy), module.policy_version)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

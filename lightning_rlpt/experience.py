@@ -2,9 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
+
+from .padding import pad_width
+
+# Per-row tensors whose width is a token axis, and how each is padded when rows of different
+# widths are joined: (pad value, pad on the left).
+_TOKEN_AXES = {"prompt_ids": (None, True), "prompt_mask": (0, True), "completion_ids": (None, False),
+               "completion_mask": (0, False), "behaviour_logprobs": (0.0, False), "old_logprobs": (0.0, False),
+               "ref_logprobs": (0.0, False), "token_weights": (0.0, False)}
 
 
 @dataclass
@@ -33,7 +41,10 @@ class Experience:
             current log-probs.
         ref_logprobs: ``[N, C]`` log-probs under the reference policy (None without KL).
         rewards_per_func: ``[N, F]`` raw score of each reward function.
-        rewards: ``[N]`` weighted sum of ``rewards_per_func`` (callbacks may edit it).
+        scores: ``[N]`` the weighted sum of ``rewards_per_func`` as scored: what success, pass
+            rates and filters read. Callbacks leave it alone.
+        rewards: ``[N]`` the reward advantages are computed from: ``scores`` plus any
+            callback's edits (e.g. dithering).
         advantages: ``[N]`` (or ``[N, C]`` for token-level estimators).
         sample_weights: ``[N]`` per-sequence loss weights (curricula), default 1.
         token_weights: ``[N, C]`` per-token loss weights, default 1.
@@ -56,6 +67,7 @@ class Experience:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     rewards_per_func: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     sample_weights: torch.Tensor | None = None
@@ -81,28 +93,62 @@ class Experience:
         # so every completion slot can be attended.
         return torch.cat([self.prompt_mask, torch.ones_like(self.completion_mask)], dim=1)
 
+    def map_rows(self, tensor_fn: Callable[[torch.Tensor], torch.Tensor],
+                 list_fn: Callable[[list], list]) -> "Experience":
+        """A copy with every per-row value transformed: ``tensor_fn`` on ``[N, ...]`` tensors
+        (those of ``info`` too), ``list_fn`` on prompts, completions and each column. The one
+        loop over the fields, shared by `select` and `to`."""
+        n = len(self)
+
+        def rows(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+                return tensor_fn(value)
+            return value
+
+        out = {f.name: rows(getattr(self, f.name)) for f in fields(self)}
+        out["prompts"], out["completions"] = list_fn(self.prompts), list_fn(self.completions)
+        out["columns"] = {k: list_fn(v) for k, v in self.columns.items()}
+        out["info"] = {k: rows(v) for k, v in self.info.items()}
+        return replace(self, **out)
+
     def select(self, rows: torch.Tensor | list[int]) -> "Experience":
         """The experience restricted to ``rows`` (tensors, lists and columns alike)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == len(self):
-                out[f.name] = value[rows.to(value.device)]
-            elif f.name in ("prompts", "completions"):
-                out[f.name] = [value[i] for i in rows.tolist()]
-            elif f.name == "columns":
-                out[f.name] = {k: [v[i] for i in rows.tolist()] for k, v in value.items()}
-            elif f.name == "info":
-                out[f.name] = {k: (v[rows.to(v.device)] if isinstance(v, torch.Tensor) and v.dim() > 0
-                                   and v.shape[0] == len(self) else v) for k, v in value.items()}
-        return replace(self, **out)
+        index = rows.tolist()
+        return self.map_rows(lambda t: t[rows.to(t.device)], lambda values: [values[i] for i in index])
+
+    def to(self, device: torch.device | str) -> "Experience":
+        return self.map_rows(lambda t: t.to(device), list)
 
     def select_groups(self, groups: torch.Tensor | list[int]) -> "Experience":
         """Keep whole groups (e.g. dynamic filtering); group ids are renumbered 0..k-1."""
         groups = torch.as_tensor(groups, dtype=torch.long).tolist()
         g = self.group_size
-        rows = [gi * g + j for gi in groups for j in range(g)]
-        out = self.select(rows)
+        out = self.select([gi * g + j for gi in groups for j in range(g)])
         out.group_ids = torch.arange(len(groups), device=self.group_ids.device).repeat_interleave(g)
         return out
+
+    def concat(self, other: "Experience", pad_id: int) -> "Experience":
+        """Rows of ``self`` then ``other`` (token axes padded to a common width with ``pad_id``
+        for ids, 0 elsewhere); group ids renumbered. A tensor set on one side only is not a
+        per-row value of the joined batch and is dropped; ``info`` is ``self``'s."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            x, y = getattr(self, f.name), getattr(other, f.name)
+            if f.name in ("prompts", "completions"):
+                out[f.name] = x + y
+            elif f.name == "columns":
+                out[f.name] = {k: x[k] + y[k] for k in x}
+            elif isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() > 0:
+                if f.name in _TOKEN_AXES:
+                    value, left = _TOKEN_AXES[f.name]
+                    value = pad_id if value is None else value
+                    width = max(x.shape[1], y.shape[1])
+                    x, y = pad_width(x, width, value, left), pad_width(y, width, value, left)
+                out[f.name] = torch.cat([x, y.to(x.device)])
+            elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+                out[f.name] = None
+        merged = replace(self, **out)
+        merged.group_ids = torch.arange(len(merged) // self.group_size,
+                                        device=self.group_ids.device).repeat_interleave(self.group_size)
+        return merged

@@ -9,26 +9,27 @@ import lightning as L
 import torch
 from torch import nn
 
-from . import collect
-from .advantages import ADVANTAGE_ESTIMATORS, check_group_size, compute_advantages
-from .aggregation import aggregate_loss, check_aggregation
-from .distributed import is_model_parallel, shard_with_fsdp2
+from .algorithms.advantages import compute_advantages
+from .algorithms.aggregation import aggregate_loss
+from .algorithms.correction import check_mode, mismatch_metrics
+from .algorithms.kl import KL_ESTIMATORS, kl_value
+from .algorithms.presets import check_objective, resolve_objective
+from .algorithms.surrogate import surrogate
+from .data import collate_prompts
 from .experience import Experience
-from .hooks import call_hook
-from .kl import KL_ESTIMATORS, kl_value
-from .logprobs import completion_logprobs
+from .hooks import RLHookCaller, call_hook
+from .knobs import Knobs, Requests
 from .metrics import PassAtK
-from .mismatch import check_mode, correction_weights, mismatch_metrics
-from .models import (check_model_source, frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict,
-                     reference_context, zero_dropout)
-from .objectives import SELF_CORRECTING, check_pair, resolve_objective
-from .policy_losses import POLICY_LOSSES
+from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
+from .model.loading import (check_model_source, frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict,
+                            reference_context, zero_dropout)
+from .model.logprobs import completion_logprobs
+from .model.weights import policy_weights
 from .rewards import RewardFunctions
-from .rollout import HFGenerateEngine, RolloutEngine
-from .sampling import SamplingConfig
+from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
 
 
-class RLModule(L.LightningModule):
+class RLModule(RLHookCaller, L.LightningModule):
     """RL post-training (GRPO, DAPO, Dr. GRPO, ...) of any Hugging Face causal LM.
 
     Each training batch of prompts is rolled out (``group_size`` completions per prompt), scored
@@ -42,7 +43,7 @@ class RLModule(L.LightningModule):
         objective: a preset (``grpo``, ``dapo``, ``dr_grpo``) or a policy-loss name.
         group_size: completions per prompt, G.
         kl_coef: β of the KL-to-reference term (None: the preset's). 0 builds no reference.
-        kl_estimator: ``k1`` (default; exact reverse-KL gradient), ``k2`` or ``k3``; see `kl`.
+        kl_estimator: ``k1`` (default; exact reverse-KL gradient), ``k2``, ``k3`` or ``future_k1``; see `algorithms.kl`.
         advantage / policy_loss / loss_aggregation / clip_low / clip_high / dual_clip: override
             the preset.
         advantage_kwargs / policy_loss_kwargs: extra options for the selected functions.
@@ -67,13 +68,13 @@ class RLModule(L.LightningModule):
             of the loss (TRL's name; DAPO's overlong filtering). They still count in their
             group's advantages, and, as in TRL, as (empty) rows of the ``seq-mean-*`` means.
         rollout_logprobs: the built-in HF engine also reports the sampling (behaviour)
-            log-probs, for callbacks and losses that need them (``ESSScaledLR``,
-            ``decoupled_ppo``, which turns this on itself); vLLM engines always report them.
+            log-probs (callbacks and losses that need them ask for them themselves:
+            ``ESSScaledLR``, ``decoupled_ppo``); vLLM engines always report them.
         reference: force (True) or forbid (False) a reference model; None: when ``kl_coef > 0``.
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
-            (see `mismatch`); ``"auto"``: ``token_tis``, or None for losses that correct
+            (see `algorithms.correction`); ``"auto"``: ``token_tis``, or None for losses that correct
             themselves (``decoupled_ppo``). ``rollout_correction_cap`` is its cap.
         seed: seeds the rollout sampling stream (checkpointed) and the LoRA initialisation.
         seed_per_prompt: derive each prompt's sampling seed from the rollout seed and the
@@ -139,31 +140,23 @@ class RLModule(L.LightningModule):
         self.hparams["model_name_or_path"] = os.path.abspath(path) if path and os.path.isdir(path) else path
         self.hparams["lora_config"] = lora_as_dict(lora)
         self.automatic_optimization = False
-        cfg = resolve_objective(objective, dict(
+        self.objective = resolve_objective(objective, dict(
             policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef))
-        POLICY_LOSSES.get(cfg["policy_loss"]), ADVANTAGE_ESTIMATORS.get(cfg["advantage"]), KL_ESTIMATORS.get(kl_estimator)
-        check_aggregation(cfg["loss_aggregation"])
-        check_group_size(cfg["advantage"], group_size)
-        self._check_numbers(cfg, updates_per_rollout, minibatch_size, val_samples, lr)
+        KL_ESTIMATORS.get(kl_estimator)
+        self._check_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
         if rollout_correction == "auto":
-            rollout_correction = None if cfg["policy_loss"] in SELF_CORRECTING else "token_tis"
+            rollout_correction = None if self.objective.self_correcting else "token_tis"
         check_mode(rollout_correction, rollout_correction_cap)
-        check_pair(cfg["policy_loss"], cfg["advantage"], group_size=group_size, advantage_kwargs=advantage_kwargs,
-                   rollout_correction=rollout_correction, updates_per_rollout=updates_per_rollout)
+        check_objective(self.objective, group_size=group_size, advantage_kwargs=advantage_kwargs,
+                        rollout_correction=rollout_correction, updates_per_rollout=updates_per_rollout)
         self.hparams.rollout_correction = rollout_correction
-        self.cfg = cfg
         self.group_size, self.kl_estimator = group_size, kl_estimator
-        # Public knobs that callbacks may move (see hooks.py).
-        self.kl_coef: float = float(cfg["kl_coef"])
-        self.clip_low: float = float(cfg["clip_low"])
-        self.clip_high: float = float(cfg["clip_high"])
+        # The surface callbacks move and ask through (see hooks.py): knobs and requests.
+        self.knobs = Knobs(self.objective.kl_coef, self.objective.clip_low, self.objective.clip_high)
+        self.requests = Requests(rollout_logprobs=rollout_logprobs or self.objective.self_correcting)
         self.advantage_kwargs = dict(advantage_kwargs or {})
         self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
-        # Set by callbacks that need the reference's per-token entropy (``info["ref_entropy"]``).
-        self.compute_ref_entropy = False
-        # Set by callbacks that read ``old_logprobs`` before the loss (e.g. ESSScaledLR).
-        self.needs_old_logprobs = False
         self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error)
         self.sampling = SamplingConfig.coerce(generation)
         self.val_sampling = SamplingConfig.coerce(
@@ -176,7 +169,7 @@ class RLModule(L.LightningModule):
         if disable_dropout:
             zero_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
-        self.use_reference = self.kl_coef > 0 if reference is None else bool(reference)
+        self.use_reference = self.knobs.kl_coef > 0 if reference is None else bool(reference)
         # Full fine-tuning keeps a frozen copy; LoRA/QLoRA use the base with adapters disabled.
         self.reference = frozen_copy(self.policy) if self.use_reference and not is_peft(self.policy) else None
         self.rollout_engine: RolloutEngine | None = None
@@ -188,27 +181,54 @@ class RLModule(L.LightningModule):
         self.val_pass = nn.ModuleDict({str(k): PassAtK(k) for k in ks})
 
     @staticmethod
-    def _check_numbers(cfg: dict, mu: int, minibatch: int | None, val_samples: int, lr: float) -> None:
+    def _check_numbers(mu: int, minibatch: int | None, val_samples: int, lr: float) -> None:
         if not lr > 0:
             raise ValueError(f"lr must be > 0 (got {lr}); to evaluate without training use trainer.validate")
         if mu < 1:
             raise ValueError(f"updates_per_rollout must be >= 1 (got {mu})")
         if minibatch is not None and minibatch < 1:
             raise ValueError(f"minibatch_size must be >= 1 or None (got {minibatch})")
-        if cfg["kl_coef"] < 0:
-            raise ValueError(f"kl_coef must be >= 0 (got {cfg['kl_coef']})")
-        if not (0 <= cfg["clip_low"] < 1 and cfg["clip_high"] >= 0):
-            raise ValueError(f"clip ranges must satisfy 0 <= clip_low < 1 and clip_high >= 0 (got {cfg['clip_low']}, {cfg['clip_high']})")
         if val_samples < 1:
             raise ValueError(f"val_samples must be >= 1 (got {val_samples})")
+
+    # ---------------------------------------------------------------- the callbacks' surface
+    def request(self, **flags: bool) -> None:
+        """Ask for extra tensors (see `Requests`): ``module.request(old_logprobs=True)``."""
+        self.requests.ask(**flags)
+        if self.rollout_engine is not None and self.rollout_engine is getattr(self, "_default_engine", None):
+            self.rollout_engine.return_logprobs = self.requests.rollout_logprobs
+
+    @property
+    def success_threshold(self) -> float:
+        return self.hparams.success_threshold
+
+    @property
+    def reward_names(self) -> list[str]:
+        return self.rewards.names
+
+    def policy_logprobs(self, exp: Experience, with_entropy: bool = False):
+        """``(log-probs [N, C], entropies or None)`` of ``exp``'s completions under the policy, at
+        the sampling temperature (the fused kernel where the head allows). Grad follows the caller."""
+        return self._logprobs(self.policy, exp, with_entropy=with_entropy)
+
+    def refill(self, rows: list[dict[str, Any]], seed: int) -> Experience:
+        """Roll out and score dataset ``rows`` (every callback's ``on_rollout_end`` runs): the
+        entry point for filters that top up a batch (``CurriculumSampler``)."""
+        return self.rollout_and_score(collate_prompts(rows), seed)[0]
+
+    def sync_engine(self, force: bool = True) -> None:
+        """Hand the current weights to the rollout engine. Callbacks that move the policy outside
+        an optimizer step (a reference reset) call it with ``force`` (the default), which copies
+        even where an engine would skip this version (``sync_every``)."""
+        self.engine.sync_weights(lambda: policy_weights(self.policy), self.policy_version, force=force)
 
     # ---------------------------------------------------------------- Lightning plumbing
     @property
     def engine(self) -> RolloutEngine:
         if self.rollout_engine is None:
-            logprobs = self.hparams.rollout_logprobs or self.cfg["policy_loss"] in SELF_CORRECTING
             self.rollout_engine = HFGenerateEngine(self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                                                   return_logprobs=logprobs)
+                                                   return_logprobs=self.requests.rollout_logprobs)
+            self._default_engine = self.rollout_engine  # `request` keeps its flag current
         return self.rollout_engine
 
     def configure_model(self) -> None:
@@ -227,14 +247,14 @@ class RLModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_rlpt"] = {"rng": self.rng.get_state(), "policy_version": self.policy_version,
-                                        "kl_coef": self.kl_coef, "clip_low": self.clip_low, "clip_high": self.clip_high}
+                                        "knobs": self.knobs.state_dict()}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_rlpt")
         if state:
             self.rng.set_state(state["rng"])
             self.policy_version = state["policy_version"]
-            self.kl_coef, self.clip_low, self.clip_high = state["kl_coef"], state["clip_low"], state["clip_high"]
+            self.knobs.load_state_dict(state.get("knobs", state))  # older checkpoints kept the knobs at the top
 
     def _next_seed(self) -> int:
         return int(torch.randint(0, 2**62, (1,), generator=self.rng).item())
@@ -249,7 +269,7 @@ class RLModule(L.LightningModule):
         if len(exp) == 0:
             return None
         self._fill_logprobs(exp)
-        exp.advantages = compute_advantages(self.cfg["advantage"], exp.rewards, self.group_size, **self.advantage_kwargs)
+        exp.advantages = compute_advantages(self.objective.advantage, exp.rewards, self.group_size, **self.advantage_kwargs)
         return call_hook(self.trainer, self, "on_advantages_computed", exp)
 
     def rollout_and_score(self, batch: dict[str, list[Any]], seed: int) -> tuple[Experience, dict[str, int], int]:
@@ -275,20 +295,20 @@ class RLModule(L.LightningModule):
     @torch.no_grad()
     def _fill_logprobs(self, exp: Experience) -> None:
         """Old log-probs when the rollout is reused (μ > 1, several mini-batches) or a callback
-        asks for them (``needs_old_logprobs``); reference ones (and entropies on request) for KL.
+        asks for them (``request(old_logprobs=True)``); reference ones (and entropies on request) for KL.
 
         A single on-policy pass needs no extra forward: before its one optimizer step the policy
         *is* the old policy, so the loss takes the detached current log-probs as old ones (and
         compares them with the engine's behaviour log-probs there), as TRL and verl do at μ = 1.
         """
         reused = self.hparams.updates_per_rollout > 1 or self._num_minibatches(len(exp)) > 1
-        if reused or self.needs_old_logprobs:
+        if reused or self.requests.old_logprobs:
             exp.old_logprobs = self._logprobs(self.policy, exp)[0]
             if exp.behaviour_logprobs is not None:
                 self._log_dict(mismatch_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.completion_mask.float()))
         if self.use_reference:
             with reference_context(self.policy, self.reference) as ref:
-                exp.ref_logprobs, ref_entropy = self._logprobs(ref, exp, with_entropy=self.compute_ref_entropy)
+                exp.ref_logprobs, ref_entropy = self._logprobs(ref, exp, with_entropy=self.requests.ref_entropy)
             if ref_entropy is not None:
                 exp.info["ref_entropy"] = ref_entropy
 
@@ -319,7 +339,7 @@ class RLModule(L.LightningModule):
                     [p for p in self.policy.parameters() if p.requires_grad], self.hparams.max_grad_norm))
             opt.step()
             self.policy_version += 1
-            self.engine.sync_weights(self, self.policy_version)
+            self.sync_engine(force=False)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v
             steps += 1
@@ -338,50 +358,33 @@ class RLModule(L.LightningModule):
         mask = mb.completion_mask.float()
         if self.hparams.mask_truncated_completions:
             mask = mask * (~mb.truncated.bool()).float().unsqueeze(-1)
-        tokens, seqs = self._global_counts(mask)
+        tokens, seqs = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])  # global counts
         world = self.trainer.world_size if self._trainer is not None else 1
 
         def token_mean(values: torch.Tensor) -> float:
             # × world / global tokens, then the mean over ranks at logging = the global token mean
             return float((values.detach().float() * mask).sum()) * world / max(tokens, 1.0)
 
-        logp, entropy = self._logprobs(self.policy, mb, with_entropy=True)
+        logp, entropy = self.policy_logprobs(mb, with_entropy=True)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         if mb.old_logprobs is None and mb.behaviour_logprobs is not None:  # the single pass of `_fill_logprobs`
             self._log_dict(mismatch_metrics(old, mb.behaviour_logprobs, mask))
-        loss_fn = POLICY_LOSSES.get(self.cfg["policy_loss"])
-        per_token, stats = loss_fn(
-            logp, old, mb.advantages, mask, clip_low=self.clip_low, clip_high=self.clip_high,
-            dual_clip=self.cfg["dual_clip"], behaviour_logprobs=mb.behaviour_logprobs,
-            staleness=self.policy_version - mb.policy_version, **self.policy_loss_kwargs)
+        per_token, stats = surrogate(
+            mb, logp, old, mask, policy_loss=self.objective.policy_loss, kl_estimator=self.kl_estimator,
+            kl_coef=self.knobs.kl_coef, correction=self.hparams.rollout_correction,
+            correction_cap=self.hparams.rollout_correction_cap,
+            loss_options=dict(clip_low=self.knobs.clip_low, clip_high=self.knobs.clip_high,
+                              dual_clip=self.objective.dual_clip, staleness=self.policy_version - mb.policy_version,
+                              **self.policy_loss_kwargs))
         metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
         metrics["entropy"] = token_mean(entropy)
         if mb.ref_logprobs is not None:
             metrics["kl"] = token_mean(kl_value(logp, mb.ref_logprobs))
-            if self.kl_coef > 0:
-                kl_tok = KL_ESTIMATORS.get(self.kl_estimator)(logp, mb.ref_logprobs, old, mask)
-                kl_w = mb.kl_weights.unsqueeze(-1) if mb.kl_weights is not None else 1.0
-                per_token = per_token + self.kl_coef * kl_w * kl_tok
-        correction = self.hparams.rollout_correction
-        if correction is not None and mb.behaviour_logprobs is not None:
-            per_token = per_token * correction_weights(old, mb.behaviour_logprobs, mask, correction,
-                                                       self.hparams.rollout_correction_cap)
-        if mb.token_weights is not None:
-            per_token = per_token * mb.token_weights
-        if mb.sample_weights is not None:
-            per_token = per_token * mb.sample_weights.unsqueeze(-1)
         # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
-        loss = world * aggregate_loss(per_token, mask, self.cfg["loss_aggregation"], num_tokens=tokens,
+        loss = world * aggregate_loss(per_token, mask, self.objective.loss_aggregation, num_tokens=tokens,
                                       num_seqs=seqs, norm_length=self.sampling.max_new_tokens)
         metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
         return loss, metrics
-
-    def _global_counts(self, mask: torch.Tensor) -> tuple[float, float]:
-        """Unmasked tokens and sequences of this optimizer step over all ranks."""
-        counts = torch.tensor([mask.sum().item(), float(mask.shape[0])], device=mask.device)
-        if self._trainer is not None and self.trainer.world_size > 1:
-            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
-        return counts[0].item(), counts[1].item()
 
     # ---------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:

@@ -1,8 +1,9 @@
-"""Tiny fits shared by the tests/test_callbacks_*.py files."""
+"""Tiny fits and spies shared by the callback tests (tests/callbacks/)."""
 from __future__ import annotations
 
-import task
-from lightning_rlpt import HFGenerateEngine, PromptDataModule, RLModule
+import tiny_task as task
+from conftest import quiet_trainer
+from lightning_rlpt import HFGenerateEngine, PromptDataModule, RLCallback, RLModule
 from lightning_rlpt.rollout import RolloutOutput
 
 GEN = dict(max_new_tokens=4, max_prompt_length=8)
@@ -31,3 +32,29 @@ def make_module(model_dir, *, engine: str | None = None, **settings) -> RLModule
 
 def make_data(rows, val_rows=None, batch_size: int = 2, **kwargs) -> PromptDataModule:
     return PromptDataModule(rows, val_data=val_rows, batch_size=batch_size, seed=7, **kwargs)
+
+
+class Spy(RLCallback):
+    """Calls ``fn(hook, trainer, module, x)`` at every RL hook and optimizer step."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def on_rewards_computed(self, trainer, module, experience):
+        self.fn("rewards", trainer, module, experience)
+
+    def on_advantages_computed(self, trainer, module, experience):
+        self.fn("advantages", trainer, module, experience)
+
+    def on_before_loss(self, trainer, module, minibatch):
+        self.fn("loss", trainer, module, minibatch)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.fn("optimizer", trainer, pl_module, optimizer)
+
+
+def fit(module, callbacks, rows, steps=2, batch_size=4, **kwargs):
+    val = kwargs.pop("val_rows", None)
+    trainer = quiet_trainer(max_steps=steps, callbacks=callbacks, **kwargs)
+    trainer.fit(module, datamodule=make_data(rows, val, batch_size=batch_size))
+    return trainer

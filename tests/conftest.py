@@ -7,18 +7,20 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARITHMETIC = os.path.join(ROOT, "examples", "arithmetic")
-sys.path.insert(0, ARITHMETIC)
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+ARITHMETIC = os.path.join(ROOT, "examples", "arithmetic")  # the demo: only tests of the example import it
+sys.path.insert(0, TESTS)  # the shared helpers (tiny_task, callback_helpers, resume_utils) from any subfolder
 
-import task  # noqa: E402  (examples/arithmetic/task.py)
+import tiny_task as task  # noqa: E402
 
 torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
 def warm_start_dir() -> str:
-    """The shipped 2-digit-addition warm start (Llama, 2 × 128, vocab 15)."""
+    """The demo's shipped warm start (Llama, 2 × 128, the 15-symbol vocabulary of `tiny_task`),
+    used as a checkpoint that answers some sums right and some wrong."""
     return os.path.join(ARITHMETIC, "warm_start")
 
 

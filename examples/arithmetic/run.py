@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 import task  # noqa: E402
 
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
-from lightning_rlpt.plotting import plot_metrics  # noqa: E402
+from lightning_rlpt.cli.plotting import plot_metrics  # noqa: E402
 
 
 def build(args: argparse.Namespace) -> tuple[RLModule, PromptDataModule]:

@@ -19,14 +19,14 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "examples", "arithmetic"))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: the tiny task
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
-import task  # noqa: E402
+import tiny_task as task  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
 from lightning_rlpt.callbacks import CurriculumSampler, RewardDithering  # noqa: E402
 

@@ -1,0 +1,36 @@
+"""The advantage-estimator family: its registry and how the module calls it.
+
+Every estimator has the signature ``fn(rewards, **options) -> advantages`` where ``rewards`` is
+``[num_groups, G]`` (row g holds the G completions of prompt g) and the result has the same
+shape. Traits, declared at registration:
+
+- ``group_relative``: compares completions of one prompt, so it needs ``G >= 2``;
+- ``check``: ``fn(group_size, options)`` that refuses bad options before any work.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...registry import Registry
+
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", traits={"group_relative": False, "check": None})
+
+
+def check_estimator(name: str, group_size: int, options: dict[str, Any] | None = None) -> None:
+    """Fail early on an estimator that cannot run with this group size or these options."""
+    if ADVANTAGE_ESTIMATORS.trait(name, "group_relative") and group_size < 2:
+        raise ValueError(
+            f"advantage estimator {name!r} compares completions within a group, so it needs "
+            f"group_size >= 2 (got {group_size}); set group_size=8 (a common choice) or more"
+        )
+    check = ADVANTAGE_ESTIMATORS.trait(name, "check")
+    if check is not None:
+        check(group_size, dict(options or {}))
+
+
+def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **options: object) -> torch.Tensor:
+    """Flat ``[N]`` rewards → flat ``[N]`` advantages with the named estimator."""
+    grouped = rewards.view(-1, group_size)
+    return ADVANTAGE_ESTIMATORS.get(name)(grouped, **options).reshape(-1)

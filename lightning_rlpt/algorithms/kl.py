@@ -1,0 +1,79 @@
+"""KL-to-reference estimators and how each enters the loss.
+
+Per token, with ``δ = logπ - logπ_ref`` on a token sampled from the policy:
+
+- ``k1`` (default): a *detached* reward-style term ``sg(δ) · π/sg(π_old)``. Its gradient
+  ``sg(δ)·(π/π_old)·∇logπ`` is an importance-weighted sample of ``E_π[δ ∇logπ]``, which is the
+  exact gradient of the reverse KL ``KL(π‖π_ref)`` of the token's distribution — on-policy and
+  off-policy (``updates_per_rollout > 1``) alike. Chosen as default for that reason (Tang &
+  Munos, arXiv 2506.09477; Liu et al., arXiv 2510.01555). Its value equals ``δ`` on-policy.
+- ``k2``: the loss ``½δ²``; gradient ``δ ∇logπ``: the same as ``k1`` on-policy, biased once
+  the samples come from an older policy.
+- ``k3``: the loss ``e^d - d - 1`` with ``d = -δ`` clamped to ±20 (the usual GRPO form,
+  Schulman's "k3"); gradient ``(1 - π_ref/π) ∇logπ`` whose expectation is the gradient of the
+  *forward* KL ``KL(π_ref‖π)``, a biased surrogate for the reverse KL.
+
+- ``future_k1``: the sequence-level reverse-KL gradient through a KL return-to-go (FRPO style).
+
+Whatever the estimator, the module logs ``kl`` as the token mean of k3's *value*, a
+non-negative unbiased estimate of ``KL(π‖π_ref)`` on the rollout (what TRL logs).
+Every estimator has the signature ``fn(logprobs, ref_logprobs, old_logprobs, mask) -> [N, C]``
+(``mask`` lets sequence-level modes such as a future-KL return-to-go ignore padding); register
+new ones with ``@KL_ESTIMATORS.register(name)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..registry import Registry
+from .numerics import clamp_log_ratio
+
+KL_ESTIMATORS: Registry = Registry("KL estimator")
+
+
+@KL_ESTIMATORS.register("k1")
+def k1_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    ratio = torch.exp(logprobs - old_logprobs.detach())
+    return (logprobs - ref_logprobs).detach() * ratio
+
+
+@KL_ESTIMATORS.register("k2")
+def k2_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def k3_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    d = clamp_log_ratio(ref_logprobs - logprobs)
+    return torch.exp(d) - d - 1.0
+
+
+def kl_value(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 value, detached: the ``kl`` metric."""
+    return k3_loss(logprobs.detach(), ref_logprobs, logprobs.detach())
+
+
+
+@KL_ESTIMATORS.register("future_k1")
+def future_k1_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per token ``sg(Σ_{s≥t} δ_s) · π_t/sg(π_old_t)`` with ``δ = logπ - logπ_ref`` (masked).
+
+    Tang & Munos, "On a few pitfalls in KL divergence gradient estimation for RL",
+    arXiv 2506.09477 (see also Liu et al., arXiv 2510.01555): the gradient of the *sequence*
+    reverse KL ``KL(π(y)‖π_ref(y))`` is ``E[Σ_t ∇logπ(y_t) Σ_{s≥t} δ_s]`` — each token is
+    charged the KL of everything it leads to, not only its own ``δ_t`` (the per-token ``k1``,
+    which drops the future terms). Summed over the tokens of a sequence sampled on-policy,
+    this loss's gradient is exactly that, so aggregate it with a token *sum*
+    (``seq-mean-token-sum``, or ``seq-mean-token-sum-norm`` up to a constant); a token mean
+    divides each sequence's gradient by its length. Off-policy (``updates_per_rollout > 1``)
+    the per-token ratio ``π_t/π_old_t`` is not the full prefix correction, so it is approximate there.
+    """
+    delta = (logprobs - ref_logprobs).detach()
+    if mask is not None:
+        delta = delta * mask.to(delta.dtype)  # padding adds nothing to any return-to-go
+    to_go = delta.flip(-1).cumsum(-1).flip(-1)
+    return to_go * torch.exp(logprobs - old_logprobs.detach())

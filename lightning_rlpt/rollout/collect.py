@@ -1,0 +1,117 @@
+"""From a batch of prompts to a scored `Experience` (steps 2-3 of the walk in docs/architecture.md)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..experience import Experience
+from ..padding import left_pad, right_pad
+from ..rewards import RewardFunctions
+from .engine import RolloutEngine, RolloutOutput
+from .sampling import SamplingConfig
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[Any], sampling: SamplingConfig) -> tuple[list[list[int]], int]:
+    """Token ids of each prompt and how many were cut (from the left) to ``max_prompt_length``.
+
+    Conversational prompts (lists of ``{"role", "content"}`` dicts, as in TRL) always go through
+    ``tokenizer.apply_chat_template(add_generation_prompt=True)``; string prompts do too when the
+    tokenizer has a chat template and ``sampling.chat_template`` is on. Reward functions still
+    receive the original prompts."""
+    ids = [_prompt_ids(tokenizer, p, sampling.chat_template) for p in prompts]
+    limit = sampling.max_prompt_length
+    if limit is None:
+        return ids, 0
+    too_long = [i for i, row in enumerate(ids) if len(row) > limit]
+    if too_long and sampling.prompt_truncation == "error":
+        i = too_long[0]
+        raise ValueError(f"prompt {i} has {len(ids[i])} tokens, more than max_prompt_length={limit} "
+                         f"({len(too_long)} such prompts in this batch): {str(prompts[i])[:80]!r}. Raise max_prompt_length "
+                         "or set prompt_truncation='left' to keep the last tokens")
+    return [row[-limit:] for row in ids], len(too_long)
+
+
+def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool) -> list[int]:
+    if isinstance(prompt, str) and not (use_template and getattr(tokenizer, "chat_template", None)):
+        return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"conversational prompt {str(messages)[:80]!r} needs a chat template, but the tokenizer has "
+                         "none: set tokenizer.chat_template (a Jinja string) or give plain string prompts")
+    # The template writes the special tokens (BOS, role markers) itself, as TRL does.
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], group_size: int,
+            sampling: SamplingConfig, seed: int, device: torch.device,
+            seed_per_prompt: bool = False) -> tuple[Experience, int]:
+    """Sample ``group_size`` completions per prompt; returns the experience and the count of
+    truncated prompts. With ``seed_per_prompt`` each group's seed comes from ``seed`` and the
+    prompt's dataset ``index``, so samples do not depend on batch composition or layout."""
+    prompts = list(batch["prompt"])
+    prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
+    rep = [row for row in prompt_ids for _ in range(group_size)]
+    seeds: int | list[int] = seed
+    if seed_per_prompt:
+        seeds = [(seed + 1_000_003 * int(i)) % 2**62 for i in batch["index"] for _ in range(group_size)]
+    out = engine.generate(rep, sampling, seeds)
+    return to_experience(out, rep, tokenizer, batch, group_size, sampling, device), cut
+
+
+def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: Any, batch: dict[str, list[Any]],
+                  group_size: int, sampling: SamplingConfig, device: torch.device) -> Experience:
+    n = len(prompt_rows)
+    if len(out.completion_ids) != n:
+        raise RuntimeError(f"rollout engine returned {len(out.completion_ids)} completions for {n} prompt rows")
+    prompt_ids, prompt_mask = left_pad(prompt_rows, tokenizer.pad_token_id)
+    comp = out.completion_ids
+    eos = tokenizer.eos_token_id
+    width = max(1, max(len(c) for c in comp))
+    completion_ids = right_pad(comp, tokenizer.pad_token_id, torch.long, width)
+    completion_mask = right_pad([[1] * len(c) for c in comp], 0, torch.long, width)
+    truncated = torch.tensor([len(c) == 0 or c[-1] != eos for c in comp])
+    behaviour = right_pad(out.logprobs, 0.0, torch.float32, width) if out.logprobs is not None else None
+    texts = tokenizer.batch_decode([c[:-1] if c and c[-1] == eos else c for c in comp], skip_special_tokens=True)
+    columns = {k: [v for v in vals for _ in range(group_size)] for k, vals in batch.items() if k != "prompt"}
+    prompts = [p for p in batch["prompt"] for _ in range(group_size)]
+    exp = Experience(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+        completion_mask=completion_mask, group_ids=torch.arange(n // group_size).repeat_interleave(group_size),
+        group_size=group_size, prompts=prompts, completions=texts, columns=columns, truncated=truncated,
+        behaviour_logprobs=behaviour,
+    )
+    return exp.to(device)
+
+
+def score(exp: Experience, rewards: RewardFunctions) -> dict[str, int]:
+    """Fill ``rewards_per_func``, ``scores`` and ``rewards``; return failures per function."""
+    ids = [row[m.bool()].tolist() for row, m in zip(exp.completion_ids.cpu(), exp.completion_mask.cpu())]
+    per_func, failures = rewards(exp.prompts, exp.completions, exp.columns, completion_ids=ids)
+    exp.rewards_per_func = per_func.to(exp.completion_ids.device)
+    exp.scores = rewards.combine(exp.rewards_per_func)
+    exp.rewards = exp.scores.clone()
+    return failures
+
+
+def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,
+                    group_size: int, names: list[str], failures: torch.Tensor) -> dict[str, float]:
+    """TRL's names for what a rollout looked like (pass tensors gathered from every rank)."""
+    group_std = rewards.view(-1, group_size).std(dim=1)
+    lengths = lengths.float()
+    out = {
+        "reward": rewards.mean().item(),
+        "reward_std": group_std.mean().item(),
+        "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
+    }
+    for j, name in enumerate(names):
+        col = per_func[:, j]
+        out[f"rewards/{name}/mean"] = col.mean().item()
+        out[f"rewards/{name}/std"] = col.std().item() if len(col) > 1 else 0.0
+        out[f"rewards/{name}/failures"] = float(failures[j])
+    return out
