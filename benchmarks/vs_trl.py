@@ -432,7 +432,7 @@ def contention(ph: dict) -> str:
             f"during the runs other processes used {min(others):.2f}–{max(others):.2f} cores "
             f"(median {statistics.median(others):.2f}) of the {ph['cpus']}; runs during which they used more than "
             f"{gate.get('max_others', float('nan')):.1f} cores were repeated (at most {gate.get('retries', 0)} times): "
-            f"{sum(len(r.get('discarded', [])) for r in ph['runs'])} discarded attempts, kept in the JSON.")
+            f"{sum(len(r.get('discarded', [])) for r in ph['runs'])} discarded attempt(s), kept in the JSON.")
 
 
 def report(data: dict) -> str:
