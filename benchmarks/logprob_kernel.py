@@ -49,33 +49,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+from quiet import IDLE, cpu_info, repeat_if_disturbed, run_measured  # benchmarks/quiet.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 QUICK = [(512, 128, 4096, "float32"), (512, 128, 4096, "bfloat16")]
-
-
-def cpu_info() -> dict:
-    """CPU model and its bf16 instructions (hosts differ between sessions; the bf16 rows depend on them)."""
-    model, flags = "unknown", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and model == "unknown":
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return dict(model=model, bf16=sorted(flags & {"avx512_bf16", "amx_bf16"}))
 
 
 def full_shapes(cuda: bool) -> list[tuple[int, int, int, str]]:
@@ -199,58 +184,22 @@ def worker(variant: str, n: int, h: int, v: int, dtype: str, steps: int) -> dict
                 threads=torch.get_num_threads())
 
 
-# Contention policy (the machine is shared): set from --idle-cores, --idle-wait, --max-others, --retries.
-IDLE = dict(max_busy=0.3, max_wait=300.0, max_others=0.5, retries=2)
-
-
-def _cpu_busy_s() -> float:
-    """Seconds of non-idle CPU time, all cores, since boot (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def wait_for_idle(max_busy: float, max_wait: float) -> tuple[float, float]:
-    """Wait until other processes use <= ``max_busy`` cores (2-s samples), at most ``max_wait`` s."""
-    start = time.perf_counter()
-    while True:
-        t0, b0 = time.perf_counter(), _cpu_busy_s()
-        time.sleep(2.0)
-        busy = (_cpu_busy_s() - b0) / (time.perf_counter() - t0)
-        if busy <= max_busy or time.perf_counter() - start >= max_wait:
-            return busy, time.perf_counter() - start
-        time.sleep(3.0)
 
 
 def run_child(variant, n, h, v, dtype, steps) -> dict:
-    """One child; repeated (at most ``IDLE["retries"]`` times) when other processes took more than
-    ``IDLE["max_others"]`` cores while it ran. Discarded attempts stay in the result."""
-    discarded = []
-    while True:
-        r = _run_child_once(variant, n, h, v, dtype, steps)
-        if r["others_cores"] <= IDLE["max_others"] or len(discarded) >= IDLE["retries"]:
-            return {**r, "discarded": discarded}
-        discarded.append({k: r[k] for k in ("times", "extra_mb", "others_cores")})
-        print(f"  (discarded {variant}: other processes used {r['others_cores']:.2f} cores; repeating)", file=sys.stderr)
+    """One child in its own process, repeated when other processes disturbed it (`quiet`)."""
+    return repeat_if_disturbed(lambda: _run_child_once(variant, n, h, v, dtype, steps),
+                               keep=("times", "extra_mb", "others_cores"), label=variant)
 
 
 def _run_child_once(variant, n, h, v, dtype, steps) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, str(n), str(h), str(v), dtype,
            "--steps", str(steps)]
-    busy_before, waited = wait_for_idle(IDLE["max_busy"], IDLE["max_wait"])
-    start, cpu0, child0 = time.perf_counter(), _cpu_busy_s(), _children_cpu_s()
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    out, seen = run_measured(cmd)
     if out.returncode != 0:
         raise RuntimeError(f"{variant} {n}x{h}x{v} {dtype} failed:\n{out.stderr[-3000:]}")
-    # CPU that other processes used while this child ran, in cores (machine total minus the child's)
-    others = max(0.0, (_cpu_busy_s() - cpu0) - (_children_cpu_s() - child0)) / wall
-    return {**json.loads(out.stdout.strip().splitlines()[-1]), "others_cores": others, "waited_s": waited}
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "others_cores": seen["others_cores"],
+            "waited_s": seen["waited_s"]}
 
 
 def variants_for(dtype: str, cuda: bool) -> list[str]:

@@ -47,7 +47,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,10 +55,9 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples", "arithmetic"))
+from quiet import IDLE, cpu_info, repeat_if_disturbed, run_measured  # noqa: E402  (benchmarks/quiet.py)
 
 PROMPTS, GROUP, LR, MAX_NEW = 16, 8, 3e-5, 32
-# Contention policy (the machine is shared): set from --idle-cores, --idle-wait, --max-others, --retries.
-IDLE = dict(max_busy=0.3, max_wait=300.0, max_others=0.5, retries=2)
 
 
 class Meter:
@@ -263,45 +261,10 @@ def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: 
         json.dump(result, f)
 
 
-def _cpu_busy_s() -> float:
-    """Seconds of non-idle CPU time, all cores, since boot (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def wait_for_idle(max_busy: float, max_wait: float) -> tuple[float, float]:
-    """Wait until other processes use <= ``max_busy`` cores (2-s samples), at most ``max_wait`` s.
-
-    Returns (cores busy in the last sample, seconds waited). The machine is shared; a run that
-    starts beside someone else's test suite measures the contention, not the trainer.
-    """
-    start = time.perf_counter()
-    while True:
-        t0, b0 = time.perf_counter(), _cpu_busy_s()
-        time.sleep(2.0)
-        busy = (_cpu_busy_s() - b0) / (time.perf_counter() - t0)
-        if busy <= max_busy or time.perf_counter() - start >= max_wait:
-            return busy, time.perf_counter() - start
-        time.sleep(3.0)
-
-
 def launch(engine: str, mode: str, steps: int, eval_every: int, size: str = "small", allow_fail: bool = False) -> dict:
-    """One run in its own process; repeated (at most ``IDLE["retries"]`` times) when other processes
-    took more than ``IDLE["max_others"]`` cores during it. Discarded attempts stay in the result."""
-    discarded = []
-    while True:
-        result = _launch_once(engine, mode, steps, eval_every, size, allow_fail)
-        if result.get("others_cores", 0.0) <= IDLE["max_others"] or len(discarded) >= IDLE["retries"]:
-            result["discarded"] = discarded
-            return result
-        discarded.append({k: result.get(k) for k in ("median_step_s", "wall_s", "startup_s", "others_cores")})
-        print(f"  (discarded: other processes used {result['others_cores']:.2f} cores; repeating)", file=sys.stderr)
+    """One run in its own process, repeated when other processes disturbed it (`quiet`)."""
+    return repeat_if_disturbed(lambda: _launch_once(engine, mode, steps, eval_every, size, allow_fail),
+                               keep=("median_step_s", "wall_s", "startup_s", "others_cores"), label=engine)
 
 
 def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str, allow_fail: bool) -> dict:
@@ -309,12 +272,8 @@ def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str,
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, __file__, "--worker", engine, "--mode", mode, "--size", size, "--steps", str(steps),
            "--eval-every", str(eval_every), "--out", out]
-    busy_before, waited = wait_for_idle(IDLE["max_busy"], IDLE["max_wait"])
-    start, cpu0, child0 = time.perf_counter(), _cpu_busy_s(), _children_cpu_s()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    # CPU that other processes used meanwhile, in cores (machine total minus this run's own)
-    others = max(0.0, (_cpu_busy_s() - cpu0) - (_children_cpu_s() - child0)) / wall
+    proc, seen = run_measured(cmd, env)
+    wall, others, waited = seen["wall_s"], seen["others_cores"], seen["waited_s"]
     if proc.returncode != 0 or not os.path.exists(out):
         if allow_fail:
             return {"engine": engine, "mode": mode, "size": size, "error": f"process exited {proc.returncode}",
@@ -324,7 +283,7 @@ def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str,
         result = json.load(f)
     os.remove(out)
     result.update(process_wall_s=wall,  # + interpreter start, imports, random-init model write
-                  others_cores=others, busy_before=busy_before, waited_s=waited)
+                  others_cores=others, busy_before=seen["busy_before"], waited_s=waited)
     print(f"  {engine:5s} {mode} {size}: median step {result.get('median_step_s', float('nan')):.2f} s, "
           f"wall {result['wall_s']:.1f} s, load {result['load_start']:.1f}->{result['load_end']:.1f}, "
           f"other processes {others:.2f} cores (waited {waited:.0f} s)", file=sys.stderr, flush=True)
@@ -401,14 +360,6 @@ def plot(runs: list[dict], png: str) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return "unknown"
 
 
 def versions() -> dict[str, str]:
@@ -515,7 +466,7 @@ def main() -> None:
         with open(os.path.join(args.results, "vs_trl.md"), "w") as f:
             f.write(report(data))
 
-    meta = lambda: dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), cpu=cpu_model(), versions=versions(),
+    meta = lambda: dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), cpu=cpu_info()["model"], versions=versions(),
                         idle=dict(IDLE))
     if "throughput" in args.phases:
         for size in args.sizes.split(","):

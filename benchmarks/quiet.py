@@ -1,0 +1,84 @@
+"""Measuring on a shared machine: wait until other processes are (nearly) idle before a run, and
+count the CPU they took during it, so a benchmark can repeat a disturbed run (the policy in
+`IDLE`, set from each script's ``--idle-*`` flags). Shared by every script in benchmarks/."""
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+# Start a run once others use <= max_busy cores (waiting at most max_wait s); repeat it, at most
+# `retries` times, when they took more than max_others cores while it ran.
+IDLE = dict(max_busy=0.3, max_wait=300.0, max_others=0.5, retries=2)
+
+
+def cpu_busy_s() -> float:
+    """Seconds of non-idle CPU time, all cores, since boot (from /proc/stat)."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def wait_for_idle(max_busy: float, max_wait: float) -> tuple[float, float]:
+    """Wait until other processes use <= ``max_busy`` cores (2-s samples), at most ``max_wait`` s.
+
+    Returns (cores busy in the last sample, seconds waited). A run that starts beside someone
+    else's test suite measures the contention, not the code.
+    """
+    start = time.perf_counter()
+    while True:
+        t0, b0 = time.perf_counter(), cpu_busy_s()
+        time.sleep(2.0)
+        busy = (cpu_busy_s() - b0) / (time.perf_counter() - t0)
+        if busy <= max_busy or time.perf_counter() - start >= max_wait:
+            return busy, time.perf_counter() - start
+        time.sleep(3.0)
+
+
+def cpu_info() -> dict:
+    """CPU model and its bf16 instructions (hosts differ between sessions; bf16 timings depend on them)."""
+    model, flags = "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return dict(model=model, bf16=sorted(flags & {"avx512_bf16", "amx_bf16"}))
+
+
+def run_measured(cmd: list[str], env: dict | None = None):
+    """Wait for an idle machine, then run ``cmd``. Returns the finished process and what the run
+    saw: ``wall_s``, ``waited_s``, ``busy_before`` and ``others_cores`` (the CPU other processes
+    used meanwhile, in cores: the machine's total minus this run's own)."""
+    import subprocess
+
+    busy_before, waited = wait_for_idle(IDLE["max_busy"], IDLE["max_wait"])
+    start, cpu0, child0 = time.perf_counter(), cpu_busy_s(), children_cpu_s()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    others = max(0.0, (cpu_busy_s() - cpu0) - (children_cpu_s() - child0)) / wall
+    return proc, dict(wall_s=wall, waited_s=waited, busy_before=busy_before, others_cores=others)
+
+
+def repeat_if_disturbed(run_once, keep: tuple[str, ...], label: str) -> dict:
+    """``run_once()`` again (at most ``IDLE["retries"]`` times) while other processes took more than
+    ``IDLE["max_others"]`` cores during it; the discarded attempts' ``keep`` fields stay in the result."""
+    import sys
+
+    discarded = []
+    while True:
+        result = run_once()
+        if result.get("others_cores", 0.0) <= IDLE["max_others"] or len(discarded) >= IDLE["retries"]:
+            return {**result, "discarded": discarded}
+        discarded.append({k: result.get(k) for k in keep})
+        print(f"  (discarded {label}: other processes used {result['others_cores']:.2f} cores; repeating)",
+              file=sys.stderr)
