@@ -6,8 +6,6 @@ from typing import Any
 
 import torch
 
-from lightning_rlpt.model.distributed import reduce_over_ranks
-
 
 def log_metrics(module: Any, prefix: str, values: dict[str, float]) -> None:
     """``module.log`` each value as ``prefix/name`` for this step (values are already global)."""
@@ -25,15 +23,6 @@ def require_reference(module: Any, who: str) -> None:
     if not getattr(module, "use_reference", False):
         raise ValueError(f"{who} drives the KL-to-reference term, but this RLModule has no reference model "
                          "(use_reference is False): pass reference=True (or kl_coef > 0) to RLModule")
-
-
-def global_mean(trainer: Any, values: list[float]) -> list[float]:
-    """Mean of each value over data-parallel ranks (identity on one process)."""
-    return reduce_over_ranks(trainer, values, "mean")
-
-
-def global_sum(trainer: Any, values: list[float]) -> list[float]:
-    return reduce_over_ranks(trainer, values, "sum")
 
 
 def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

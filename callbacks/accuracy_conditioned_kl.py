@@ -5,8 +5,9 @@ import math
 from typing import Any
 
 from lightning_rlpt.hooks import RLCallback
+from lightning_rlpt.model.distributed import reduce_over_ranks
 
-from ._common import global_mean, log_metrics, require, require_reference
+from ._common import log_metrics, require, require_reference
 
 
 class AccuracyConditionedKL(RLCallback):
@@ -70,7 +71,7 @@ class AccuracyConditionedKL(RLCallback):
         if len(experience) == 0:  # filtered away: keep the current coefficient
             return
         correct = experience.scores >= module.success_threshold
-        accuracy = global_mean(trainer, [correct.float().mean().item()])[0]
+        accuracy = reduce_over_ranks(trainer, [correct.float().mean().item()], "mean")[0]
         coef = self.observe(accuracy)
         log_metrics(module, "akl", {"accuracy": accuracy, "accuracy_smoothed": self.accuracy, "kl_coef": coef})
 

@@ -6,11 +6,12 @@ from typing import Any
 
 import torch
 
-from lightning_rlpt.hooks import RLCallback
 from lightning_rlpt.algorithms.losses import POLICY_LOSSES
 from lightning_rlpt.algorithms.numerics import safe_ratio
+from lightning_rlpt.hooks import RLCallback
+from lightning_rlpt.model.distributed import reduce_over_ranks
 
-from ._common import global_sum, log_metrics, require
+from ._common import log_metrics, require
 
 MEASURES = ("gradient", "clamped")
 
@@ -140,7 +141,7 @@ class BAPO(RLCallback):
         path = self.search_path()
         ratio = self.current_ratio(module, minibatch)
         local = self.contributions(ratio, minibatch.advantages, minibatch.completion_mask.float(), path)
-        sums = torch.tensor(global_sum(trainer, local.flatten().tolist()), dtype=torch.float64).view(-1, 2)
+        sums = torch.tensor(reduce_over_ranks(trainer, local.flatten().tolist()), dtype=torch.float64).view(-1, 2)
         index, self.pos_neg_ratio = self.choose(sums)
         self.c_low, self.c_high = path[index]
         module.knobs.clip_low, module.knobs.clip_high = 1.0 - self.c_low, self.c_high - 1.0

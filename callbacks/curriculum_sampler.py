@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from lightning_rlpt.hooks import RLCallback
 from lightning_rlpt.data.samplers import WeightedEpochSampler
+from lightning_rlpt.hooks import RLCallback
 
 from ._common import log_metrics, require, seeded_generator
 

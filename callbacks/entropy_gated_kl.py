@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from lightning_rlpt.hooks import RLCallback
+from lightning_rlpt.model.distributed import reduce_over_ranks
 
-from ._common import global_sum, log_metrics, require, require_reference
+from ._common import log_metrics, require, require_reference
 
 PHASES = ("warmup", "climbing", "converged", "plateau")
 
@@ -166,7 +167,7 @@ class EntropyGatedKL(RLCallback):
             logp, entropy = module.policy_logprobs(experience, with_entropy=True)
         delta = (logp - experience.ref_logprobs) * mask
         tokens = mask.sum().item()
-        reward, kl_sum, ent_sum, count = global_sum(trainer, [
+        reward, kl_sum, ent_sum, count = reduce_over_ranks(trainer, [
             experience.scores.float().mean().item(), delta.sum().item(), (entropy * mask).sum().item(), tokens])
         world = max(1, getattr(trainer, "world_size", 1))
         signals = self.observe(reward / world, kl_sum / max(count, 1), ent_sum / max(count, 1))

@@ -9,8 +9,9 @@ import torch
 from lightning_rlpt.algorithms.advantages import compute_advantages
 from lightning_rlpt.algorithms.numerics import safe_ratio
 from lightning_rlpt.hooks import RLCallback
+from lightning_rlpt.model.distributed import reduce_over_ranks
 
-from ._common import global_sum, log_metrics, require
+from ._common import log_metrics, require
 
 RULES = ("sqrt", "linear")
 BASELINES = (None, "min_variance")
@@ -87,7 +88,7 @@ class ESSScaledLR(RLCallback):
     def scale_for(self, weights: torch.Tensor, trainer: Any = None) -> tuple[float, float]:
         """(ρ, LR factor) for the global mini-batch whose local weights are ``weights``."""
         w = weights.clamp(max=self.truncation) if self.use_truncated else weights
-        s1, s2, count = global_sum(trainer, [w.sum().item(), (w ** 2).sum().item(), float(len(w))])
+        s1, s2, count = reduce_over_ranks(trainer, [w.sum().item(), (w ** 2).sum().item(), float(len(w))])
         ratio = (s1 ** 2 / (s2 + 1e-8)) / max(count, 1.0)
         if ratio >= self.rho_base * (1 - self.tolerance):
             return ratio, 1.0
