@@ -13,6 +13,7 @@ from .padding import pad_width
 _TOKEN_AXES = {"prompt_ids": (None, True), "prompt_mask": (0, True), "completion_ids": (None, False),
                "completion_mask": (0, False), "behaviour_logprobs": (0.0, False), "old_logprobs": (0.0, False),
                "ref_logprobs": (0.0, False), "token_weights": (0.0, False)}
+_PROMPT_AXES = ("prompt_ids", "prompt_mask")
 
 
 @dataclass
@@ -119,6 +120,28 @@ class Experience:
 
     def to(self, device: torch.device | str) -> "Experience":
         return self.map_rows(lambda t: t.to(device), list)
+
+    def trim(self) -> "Experience":
+        """The experience without all-padding columns: prompt columns left of the longest real
+        prompt, completion columns right of the last trained token (at least one kept). Exact for
+        a causal LM: left padding is masked and positions skip it; later columns never change
+        earlier ones. Token-level tensors (``advantages`` or ``info`` values of width C included)
+        are cut alike."""
+        keep_p = max(1, int(self.prompt_mask.sum(1).max())) if len(self) else self.prompt_ids.shape[1]
+        tail = (self.completion_mask != 0).any(0).nonzero()
+        keep_c = max(1, int(tail.max()) + 1) if len(tail) else 1
+        p, c = self.prompt_ids.shape[1], self.completion_ids.shape[1]
+        if keep_p == p and keep_c == c:
+            return self
+
+        def cut(value: Any) -> Any:  # a completion-token axis
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape == (len(self), c):
+                return value[:, :keep_c]
+            return value
+
+        out = {name: cut(getattr(self, name)) for name in (*_TOKEN_AXES, "advantages") if name not in _PROMPT_AXES}
+        out.update({name: getattr(self, name)[:, p - keep_p:] for name in _PROMPT_AXES})
+        return replace(self, **out, info={k: cut(v) for k, v in self.info.items()})
 
     def select_groups(self, groups: torch.Tensor | list[int]) -> "Experience":
         """Keep whole groups (e.g. dynamic filtering); group ids are renumbered 0..k-1."""

@@ -9,27 +9,26 @@ import lightning as L
 import torch
 from torch import nn
 
-from .algorithms.advantages import compute_advantages
-from .algorithms.aggregation import aggregate_loss
-from .algorithms.correction import check_mode, mismatch_metrics
-from .algorithms.kl import KL_ESTIMATORS, kl_value
+from .algorithms.correction import check_mode
+from .algorithms.kl import KL_ESTIMATORS
 from .algorithms.presets import check_objective, resolve_objective
-from .algorithms.surrogate import surrogate
+from .batching import MicroBatching
 from .data import collate_prompts
 from .experience import Experience
-from .hooks import RLHookCaller, call_hook
+from .hooks import RLHookCaller
 from .knobs import Knobs, Requests
 from .metrics import PassAtK
 from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
-from .model.loading import (check_model_source, frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict,
-                            reference_context, zero_dropout)
-from .model.logprobs import completion_logprobs
+from .model.loading import check_model_source, frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict, zero_dropout
 from .model.weights import policy_weights
 from .rewards import RewardFunctions
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
+from .stages.experience import MakeExperience
+from .stages.timing import StepTimer
+from .stages.update import PolicyUpdate
 
 
-class RLModule(RLHookCaller, L.LightningModule):
+class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     """RL post-training (GRPO, DAPO, Dr. GRPO, ...) of any Hugging Face causal LM.
 
     Each training batch of prompts is rolled out (``group_size`` completions per prompt), scored
@@ -59,6 +58,13 @@ class RLModule(RLHookCaller, L.LightningModule):
         success_threshold: a completion counts as correct when its total reward ≥ this.
         updates_per_rollout: μ, passes over each rollout (> 1 reuses the stored old log-probs).
         minibatch_size: sequences per optimizer step (default: the whole rollout).
+        micro_batch_size / max_tokens_per_micro_batch: cap each forward/backward at this many
+            sequences / padded tokens (rows × the micro-batch's own longest prompt + completion,
+            rows grouped by length); gradients accumulate to exactly the one-pass gradient of the
+            mini-batch, still one optimizer step per mini-batch. The same caps chunk the no-grad
+            forwards (reference, old log-probs, entropies) and the HF engine's generation. A
+            prompt that could not fit with ``max_new_tokens`` is refused before its rollout (see
+            `lightning_rlpt.batching`). None: no cap (one pass).
         lr / weight_decay / betas / max_grad_norm: AdamW (lr > 0) and gradient clipping.
         disable_dropout: set every dropout probability of the policy (and so of its reference)
             to 0, as TRL's ``disable_dropout`` does (default True): the loss forward then sees
@@ -117,6 +123,8 @@ class RLModule(RLHookCaller, L.LightningModule):
         success_threshold: float = 1.0,
         updates_per_rollout: int = 1,
         minibatch_size: int | None = None,
+        micro_batch_size: int | None = None,
+        max_tokens_per_micro_batch: int | None = None,
         lr: float = 1e-6,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -145,6 +153,7 @@ class RLModule(RLHookCaller, L.LightningModule):
             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef))
         KL_ESTIMATORS.get(kl_estimator)
         self._check_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
+        self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch)
         if rollout_correction == "auto":
             rollout_correction = None if self.objective.self_correcting else "token_tis"
         check_mode(rollout_correction, rollout_correction_cap)
@@ -159,6 +168,7 @@ class RLModule(RLHookCaller, L.LightningModule):
         self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
         self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error)
         self.sampling = SamplingConfig.coerce(generation)
+        self.micro_batching.check_fits(1, self.sampling.max_new_tokens)  # even a one-token prompt must fit
         self.val_sampling = SamplingConfig.coerce(
             val_generation if val_generation is not None else {**self.sampling.to_dict(), "temperature": 0.0})
         if self.sampling.temperature <= 0:
@@ -175,6 +185,7 @@ class RLModule(RLHookCaller, L.LightningModule):
         self.rollout_engine: RolloutEngine | None = None
         self.policy_version = 0
         self.rng = torch.Generator().manual_seed(seed)
+        self.timer = StepTimer()
         ks = sorted(set(val_pass_k or ([1, val_samples] if val_samples > 1 else [1])))
         if max(ks) > val_samples:
             raise ValueError(f"val_pass_k={ks} asks for more samples than val_samples={val_samples}")
@@ -222,12 +233,21 @@ class RLModule(RLHookCaller, L.LightningModule):
         even where an engine would skip this version (``sync_every``)."""
         self.engine.sync_weights(lambda: policy_weights(self.policy), self.policy_version, force=force)
 
+    def _agree_count(self, count: int) -> int:
+        """Under FSDP2 each forward gathers parameters, so every rank runs as many as the rank with
+        the most; elsewhere ranks go their own way."""
+        if not getattr(self, "_sharded", False):
+            return count
+        return int(reduce_over_ranks(self._trainer, [count], op="max")[0])
+
     # ---------------------------------------------------------------- Lightning plumbing
     @property
     def engine(self) -> RolloutEngine:
         if self.rollout_engine is None:
-            self.rollout_engine = HFGenerateEngine(self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                                                   return_logprobs=self.requests.rollout_logprobs)
+            self.rollout_engine = HFGenerateEngine(
+                self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+                return_logprobs=self.requests.rollout_logprobs, max_rows=self.micro_batching.micro_batch_size,
+                max_tokens=self.micro_batching.max_tokens_per_micro_batch)
             self._default_engine = self.rollout_engine  # `request` keeps its flag current
         return self.rollout_engine
 
@@ -258,133 +278,6 @@ class RLModule(RLHookCaller, L.LightningModule):
 
     def _next_seed(self) -> int:
         return int(torch.randint(0, 2**62, (1,), generator=self.rng).item())
-
-    # ---------------------------------------------------------------- experience
-    def make_experience(self, batch: dict[str, list[Any]]) -> Experience | None:
-        """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
-        exp, failures, cut = self.rollout_and_score(batch, self._next_seed())
-        self._log_rollout(exp, failures, cut)
-        exp = call_hook(self.trainer, self, "on_rollout_scored", exp)
-        exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
-        if len(exp) == 0:
-            return None
-        self._fill_logprobs(exp)
-        exp.advantages = compute_advantages(self.objective.advantage, exp.rewards, self.group_size, **self.advantage_kwargs)
-        return call_hook(self.trainer, self, "on_advantages_computed", exp)
-
-    def rollout_and_score(self, batch: dict[str, list[Any]], seed: int) -> tuple[Experience, dict[str, int], int]:
-        """Sample G completions per prompt, run ``on_rollout_end``, score them: the experience,
-        reward failures per function and how many prompts were cut (also used by refills)."""
-        exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling, seed,
-                                   self.device, self.hparams.seed_per_prompt)
-        exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
-        exp = call_hook(self.trainer, self, "on_rollout_end", exp)
-        return exp, collect.score(exp, self.rewards), cut
-
-    def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
-        """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""
-        counts = torch.tensor([*failures.values(), cut], dtype=torch.float32, device=self.device)
-        parts = [exp.rewards, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated, counts]
-        if self.trainer.world_size > 1:
-            parts = [g.flatten(0, 1) for g in self.all_gather(parts[:4])] + [self.all_gather(counts).sum(0)]
-        rewards, per_func, lengths, truncated, counts = parts
-        metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
-                                          counts[:-1])
-        self._log_dict({**metrics, "prompts/truncated": float(counts[-1])}, sync=False)
-
-    @torch.no_grad()
-    def _fill_logprobs(self, exp: Experience) -> None:
-        """Old log-probs when the rollout is reused (μ > 1, several mini-batches) or a callback
-        asks for them (``request(old_logprobs=True)``); reference ones (and entropies on request) for KL.
-
-        A single on-policy pass needs no extra forward: before its one optimizer step the policy
-        *is* the old policy, so the loss takes the detached current log-probs as old ones (and
-        compares them with the engine's behaviour log-probs there), as TRL and verl do at μ = 1.
-        """
-        reused = self.hparams.updates_per_rollout > 1 or self._num_minibatches(len(exp)) > 1
-        if reused or self.requests.old_logprobs:
-            exp.old_logprobs = self._logprobs(self.policy, exp)[0]
-            if exp.behaviour_logprobs is not None:
-                self._log_dict(mismatch_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.completion_mask.float()))
-        if self.use_reference:
-            with reference_context(self.policy, self.reference) as ref:
-                exp.ref_logprobs, ref_entropy = self._logprobs(ref, exp, with_entropy=self.requests.ref_entropy)
-            if ref_entropy is not None:
-                exp.info["ref_entropy"] = ref_entropy
-
-    def _logprobs(self, model: nn.Module, exp: Experience, with_entropy: bool = False):
-        return completion_logprobs(model, exp.input_ids, exp.attention_mask, exp.completion_ids.shape[1],
-                                   temperature=self.sampling.temperature, with_entropy=with_entropy,
-                                   use_fused_kernel=self.hparams.use_fused_kernel)
-
-    def _num_minibatches(self, n: int) -> int:
-        size = self.hparams.minibatch_size or n
-        return -(-n // size)
-
-    # ---------------------------------------------------------------- training
-    def training_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
-        exp = self.make_experience(batch)
-        if exp is None:
-            return None
-        opt = self.optimizers()
-        totals: dict[str, float] = {}
-        steps = 0
-        for minibatch in self._minibatches(exp):
-            minibatch = call_hook(self.trainer, self, "on_before_loss", minibatch)
-            loss, stats = self.loss(minibatch)
-            opt.zero_grad()
-            self.manual_backward(loss)
-            if self.hparams.max_grad_norm:
-                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.policy.parameters() if p.requires_grad], self.hparams.max_grad_norm))
-            opt.step()
-            self.policy_version += 1
-            self.sync_engine(force=False)
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v
-            steps += 1
-        self._log_dict({k: v / steps for k, v in totals.items()}, prog_bar_keys=("reward", "kl", "entropy"))
-
-    def _minibatches(self, exp: Experience):
-        n = len(exp)
-        size = self.hparams.minibatch_size or n
-        for _ in range(self.hparams.updates_per_rollout):
-            order = torch.randperm(n, generator=self.rng) if size < n else torch.arange(n)
-            for start in range(0, n, size):
-                yield exp.select(order[start:start + size])
-
-    def loss(self, mb: Experience) -> tuple[torch.Tensor, dict[str, float]]:
-        """The objective on one mini-batch, normalised by the global (all-rank) batch counts."""
-        mask = mb.completion_mask.float()
-        if self.hparams.mask_truncated_completions:
-            mask = mask * (~mb.truncated.bool()).float().unsqueeze(-1)
-        tokens, seqs = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])  # global counts
-        world = self.trainer.world_size if self._trainer is not None else 1
-
-        def token_mean(values: torch.Tensor) -> float:
-            # × world / global tokens, then the mean over ranks at logging = the global token mean
-            return float((values.detach().float() * mask).sum()) * world / max(tokens, 1.0)
-
-        logp, entropy = self.policy_logprobs(mb, with_entropy=True)
-        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
-        if mb.old_logprobs is None and mb.behaviour_logprobs is not None:  # the single pass of `_fill_logprobs`
-            self._log_dict(mismatch_metrics(old, mb.behaviour_logprobs, mask))
-        per_token, stats = surrogate(
-            mb, logp, old, mask, policy_loss=self.objective.policy_loss, kl_estimator=self.kl_estimator,
-            kl_coef=self.knobs.kl_coef, correction=self.hparams.rollout_correction,
-            correction_cap=self.hparams.rollout_correction_cap,
-            loss_options=dict(clip_low=self.knobs.clip_low, clip_high=self.knobs.clip_high,
-                              dual_clip=self.objective.dual_clip, staleness=self.policy_version - mb.policy_version,
-                              **self.policy_loss_kwargs))
-        metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
-        metrics["entropy"] = token_mean(entropy)
-        if mb.ref_logprobs is not None:
-            metrics["kl"] = token_mean(kl_value(logp, mb.ref_logprobs))
-        # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
-        loss = world * aggregate_loss(per_token, mask, self.objective.loss_aggregation, num_tokens=tokens,
-                                      num_seqs=seqs, norm_length=self.sampling.max_new_tokens)
-        metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
-        return loss, metrics
 
     # ---------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:

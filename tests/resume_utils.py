@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from conftest import quiet_trainer
+from conftest import WALL_CLOCK, quiet_trainer
 
 
 def read_rows(root: str) -> dict[int, dict[str, float]]:
@@ -21,7 +21,8 @@ def read_rows(root: str) -> dict[int, dict[str, float]]:
             for row in csv.DictReader(f):
                 step = int(row.pop("step"))
                 row.pop("epoch", None)
-                out.setdefault(step, {}).update({k: float(v) for k, v in row.items() if v != ""})
+                out.setdefault(step, {}).update({k: float(v) for k, v in row.items()
+                                                 if v != "" and not k.startswith(WALL_CLOCK)})
     return out
 
 

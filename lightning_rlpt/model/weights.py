@@ -122,3 +122,9 @@ def _lora_layers(model: nn.Module) -> dict[str, nn.Module]:
     except ImportError:
         return {}
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def grad_norm(params: list[torch.Tensor]) -> float:
+    """The total 2-norm of the parameters' gradients (FSDP2's sharded ones gathered)."""
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

@@ -1,7 +1,7 @@
 """From a batch of prompts to a scored `Experience` (steps 2-3 of the walk in docs/architecture.md)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,12 +46,16 @@ def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool) -> list[int]:
 
 def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], group_size: int,
             sampling: SamplingConfig, seed: int, device: torch.device,
-            seed_per_prompt: bool = False) -> tuple[Experience, int]:
+            seed_per_prompt: bool = False, check_prompts: Callable[[int, int], None] | None = None
+            ) -> tuple[Experience, int]:
     """Sample ``group_size`` completions per prompt; returns the experience and the count of
     truncated prompts. With ``seed_per_prompt`` each group's seed comes from ``seed`` and the
-    prompt's dataset ``index``, so samples do not depend on batch composition or layout."""
+    prompt's dataset ``index``, so samples do not depend on batch composition or layout.
+    ``check_prompts(longest prompt, max_new_tokens)`` may refuse the batch before generation."""
     prompts = list(batch["prompt"])
     prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
+    if check_prompts is not None:
+        check_prompts(max(len(row) for row in prompt_ids), sampling.max_new_tokens)
     rep = [row for row in prompt_ids for _ in range(group_size)]
     seeds: int | list[int] = seed
     if seed_per_prompt:

@@ -21,21 +21,44 @@ class HFGenerateEngine(RolloutEngine):
         eos_token_id / pad_token_id: the tokenizer's ids.
         return_logprobs: also report behaviour log-probs from generate's scores (costs an
             ``[N, C, V]`` buffer; off by default since this engine *is* the policy).
+        max_rows / max_tokens: cut one call into contiguous pieces of at most this many rows and
+            padded tokens (``RLModule``'s ``micro_batch_size`` / ``max_tokens_per_micro_batch``).
+            A piece after the first samples from a seed derived from the call's, so a cut rollout
+            is as random as an uncut one but not token-identical to it.
     """
 
-    def __init__(self, policy: nn.Module, eos_token_id: int, pad_token_id: int, return_logprobs: bool = False):
+    def __init__(self, policy: nn.Module, eos_token_id: int, pad_token_id: int, return_logprobs: bool = False,
+                 max_rows: int | None = None, max_tokens: int | None = None):
         self.policy = policy
         self.policy_version = 0
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.return_logprobs = return_logprobs
+        self.max_rows, self.max_tokens = max_rows, max_tokens
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int | list[int]) -> RolloutOutput:
-        if isinstance(seed, int):
-            return self._generate(prompt_ids, sampling, seed)
-        parts = [self._generate(prompt_ids[a:b], sampling, seed[a]) for a, b in runs_of_equal(seed)]
+        seeds = [seed] * len(prompt_ids) if isinstance(seed, int) else seed
+        calls = [(a + i, a + j, seeds[a] if i == 0 else derived_seed(seeds[a], i))  # a run's first chunk keeps its seed
+                 for a, b in runs_of_equal(seeds) for i, j in self._chunks(prompt_ids[a:b], sampling)]
+        parts = [self._generate(prompt_ids[a:b], sampling, s) for a, b, s in calls]
+        for _ in range(agreed_count(len(calls), self.policy) - len(calls)):  # FSDP2: every rank calls as often
+            self._generate(prompt_ids[:1], sampling, 0)
         logprobs = None if not self.return_logprobs else [lp for p in parts for lp in p.logprobs]
         return RolloutOutput([c for p in parts for c in p.completion_ids], logprobs)
+
+    def _chunks(self, rows: list[list[int]], sampling: SamplingConfig) -> list[tuple[int, int]]:
+        """Contiguous ``(start, end)`` chunks within ``max_rows`` rows and ``max_tokens`` padded
+        tokens (rows × (widest prompt + ``max_new_tokens``)): the module's micro-batch budget."""
+        out, start, widest = [], 0, 0
+        for i, row in enumerate(rows):
+            wider = max(widest, len(row))
+            full = (self.max_rows is not None and i - start + 1 > self.max_rows) or (
+                self.max_tokens is not None and (i - start + 1) * (wider + sampling.max_new_tokens) > self.max_tokens)
+            if full and i > start:
+                out.append((start, i))
+                start, wider = i, len(row)
+            widest = wider
+        return out + [(start, len(rows))]
 
     def sync_weights(self, weights: WeightSource, version: int, force: bool = False) -> None:
         self.policy_version = version  # samples from the live policy: never stale
@@ -65,6 +88,20 @@ class HFGenerateEngine(RolloutEngine):
             picked = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1).tolist()
             logprobs = [row[: len(c)] for row, c in zip(picked, completions)]
         return RolloutOutput(completions, logprobs)
+
+
+def derived_seed(seed: int, offset: int) -> int:
+    """The seed of the piece of a call that starts at row ``offset``: pieces must not replay one stream."""
+    return (seed * 1_000_003 + 7_919 * offset) % 2**62
+
+
+def agreed_count(count: int, policy: nn.Module) -> int:
+    """The most ``generate`` calls of any rank when the policy is FSDP2-sharded (else ``count``)."""
+    if world_size() == 1 or not is_sharded(policy):
+        return count
+    t = torch.tensor([count], device=next(policy.parameters()).device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t)
 
 
 def _sampling_kwargs(sampling: SamplingConfig) -> dict:

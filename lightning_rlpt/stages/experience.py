@@ -1,0 +1,89 @@
+"""`MakeExperience`: RLModule's rollout → rewards → log-probs → advantages (steps 2-4 of the walk),
+with the RL hooks in between and each stage timed (``timing/*``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..algorithms.advantages import compute_advantages
+from ..algorithms.correction import mismatch_metrics
+from ..batching import logprobs_in_chunks
+from ..experience import Experience
+from ..hooks import call_hook
+from ..model.loading import reference_context
+from ..model.logprobs import completion_logprobs
+from ..rollout import collect
+
+
+class MakeExperience:
+    """Mixin of `RLModule` (which supplies the engine, rewards, models and hyper-parameters)."""
+
+    def make_experience(self, batch: dict[str, list[Any]]) -> Experience | None:
+        """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
+        exp, failures, cut = self.rollout_and_score(batch, self._next_seed())
+        self._log_rollout(exp, failures, cut)
+        exp = call_hook(self.trainer, self, "on_rollout_scored", exp)
+        exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
+        if len(exp) == 0:
+            return None
+        self._fill_logprobs(exp)
+        exp.advantages = compute_advantages(self.objective.advantage, exp.rewards, self.group_size, **self.advantage_kwargs)
+        return call_hook(self.trainer, self, "on_advantages_computed", exp)
+
+    def rollout_and_score(self, batch: dict[str, list[Any]], seed: int) -> tuple[Experience, dict[str, int], int]:
+        """Sample G completions per prompt, run ``on_rollout_end``, score them: the experience,
+        reward failures per function and how many prompts were cut (also used by refills)."""
+        with self.timer("rollout"):
+            exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling, seed,
+                                       self.device, self.hparams.seed_per_prompt,
+                                       check_prompts=self.micro_batching.check_fits)
+        exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
+        exp = call_hook(self.trainer, self, "on_rollout_end", exp)
+        with self.timer("rewards"):
+            failures = collect.score(exp, self.rewards)
+        return exp, failures, cut
+
+    def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
+        """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""
+        counts = torch.tensor([*failures.values(), cut], dtype=torch.float32, device=self.device)
+        parts = [exp.rewards, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated, counts]
+        if self.trainer.world_size > 1:
+            parts = [g.flatten(0, 1) for g in self.all_gather(parts[:4])] + [self.all_gather(counts).sum(0)]
+        rewards, per_func, lengths, truncated, counts = parts
+        metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
+                                          counts[:-1])
+        self._log_dict({**metrics, "prompts/truncated": float(counts[-1])}, sync=False)
+
+    @torch.no_grad()
+    def _fill_logprobs(self, exp: Experience) -> None:
+        """Old log-probs when the rollout is reused (μ > 1, several mini-batches) or a callback
+        asks for them (``request(old_logprobs=True)``); reference ones (and entropies on request) for KL.
+
+        A single on-policy pass needs no extra forward: before its one optimizer step the policy
+        *is* the old policy, so the loss takes the detached current log-probs as old ones (and
+        compares them with the engine's behaviour log-probs there), as TRL and verl do at μ = 1.
+        """
+        size = self.hparams.minibatch_size or len(exp)
+        reused = self.hparams.updates_per_rollout > 1 or size < len(exp)
+        if reused or self.requests.old_logprobs:
+            with self.timer("old_logprobs"):
+                exp.old_logprobs = self._logprobs(self.policy, exp)[0]
+            if exp.behaviour_logprobs is not None:
+                self._log_dict(mismatch_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.completion_mask.float()))
+        if self.use_reference:
+            with self.timer("ref_logprobs"), reference_context(self.policy, self.reference) as ref:
+                exp.ref_logprobs, ref_entropy = self._logprobs(ref, exp, with_entropy=self.requests.ref_entropy)
+            if ref_entropy is not None:
+                exp.info["ref_entropy"] = ref_entropy
+
+    def _logprobs(self, model: nn.Module, exp: Experience, with_entropy: bool = False):
+        """Log-probs (and entropies) of ``exp``'s completions under ``model``, micro-batch by
+        micro-batch when a budget is set (the no-grad forwards never exceed it either)."""
+        def one(part: Experience):
+            return completion_logprobs(model, part.input_ids, part.attention_mask, part.completion_ids.shape[1],
+                                       temperature=self.sampling.temperature, with_entropy=with_entropy,
+                                       use_fused_kernel=self.hparams.use_fused_kernel)
+
+        return logprobs_in_chunks(one, exp, self.micro_batching, agree=self._agree_count)

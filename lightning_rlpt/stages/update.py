@@ -1,0 +1,150 @@
+"""`PolicyUpdate`: RLModule's training step after the experience is made (step 5-6 of the walk).
+
+A rollout is trained on for ``updates_per_rollout`` passes of mini-batches, one optimizer step
+each. A mini-batch runs as micro-batches (`MicroBatching`): one forward and backward each, the
+gradients accumulating, so the step's gradient is the one-pass gradient. That holds for every
+aggregation mode because each is a sum over rows or tokens divided by a constant of the whole
+mini-batch (its global token and sequence counts, or ``max_new_tokens``), which every
+micro-batch's loss uses; ``seq-mean-token-mean``'s per-sequence means never cross rows.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from ..algorithms.aggregation import aggregate_loss
+from ..algorithms.correction import mismatch_metrics
+from ..algorithms.kl import kl_value
+from ..algorithms.surrogate import surrogate
+from ..batching import minibatch_orders
+from ..experience import Experience
+from ..hooks import call_hook
+from ..model.distributed import reduce_over_ranks
+from ..model.weights import grad_norm
+
+PROGRESS_BAR = ("reward", "kl", "entropy", "throughput/tokens_per_s")
+
+
+class PolicyUpdate:
+    """Mixin of `RLModule` (which supplies the policy, the knobs and the hyper-parameters)."""
+
+    def training_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
+        start = time.perf_counter()
+        exp = self.make_experience(batch)
+        if exp is None:
+            return None
+        opt = self.optimizers()
+        totals: dict[str, float] = {}
+        steps = 0
+        for rows in minibatch_orders(len(exp), self.hparams.minibatch_size, self.hparams.updates_per_rollout, self.rng):
+            minibatch = call_hook(self.trainer, self, "on_before_loss", exp.select(rows))
+            with self.timer("update"):
+                stats = self.accumulate_gradients(minibatch)
+                opt.step()  # clipping runs in on_before_optimizer_step, after AMP unscaling
+                if getattr(self, "_grad_norm", None) is not None:
+                    stats["grad_norm"] = self._grad_norm
+            self.policy_version += 1
+            with self.timer("weight_sync"):
+                self.sync_engine(force=False)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+            steps += 1
+        metrics = {k: v / steps for k, v in totals.items()}
+        metrics.update(self.timer.pop())
+        tokens = reduce_over_ranks(self._trainer, [float(exp.prompt_mask.sum() + exp.completion_mask.sum())])[0]
+        metrics["throughput/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
+        self._log_dict(metrics, prog_bar_keys=PROGRESS_BAR)
+
+    def accumulate_gradients(self, minibatch: Experience) -> dict[str, float]:
+        """Zero the gradients, then forward and backward every micro-batch of ``minibatch``;
+        returns the mini-batch's metrics (sums of the micro-batches' shares)."""
+        mask = self.loss_mask(minibatch)
+        counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])  # global counts
+        chunks = self._agreed_split(minibatch)
+        self.optimizers().zero_grad()
+        totals: dict[str, float] = {}
+        current = torch.zeros_like(minibatch.completion_mask, dtype=torch.float32)
+        for i, rows in enumerate(chunks):
+            dummy = rows is None  # an FSDP2 rank with fewer micro-batches joins the others' collectives
+            micro = minibatch.select(rows if rows is not None else [0]).trim()
+            loss, stats, logp = self.loss_and_logprobs(micro, counts=counts)
+            with self._backward_sync(last=i == len(chunks) - 1):
+                self.manual_backward(loss * 0.0 if dummy else loss)
+            if dummy:
+                continue
+            current[rows.to(current.device), :logp.shape[1]] = logp.float()
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
+        if minibatch.old_logprobs is None and minibatch.behaviour_logprobs is not None:
+            # The single on-policy pass: π_old is the current policy (see `_fill_logprobs`).
+            totals.update(mismatch_metrics(current, minibatch.behaviour_logprobs, mask))
+        return totals
+
+    def loss_mask(self, mb: Experience) -> torch.Tensor:
+        """The tokens trained on: completion tokens, less truncated rows when masked."""
+        mask = mb.completion_mask.float()
+        if self.hparams.mask_truncated_completions:
+            mask = mask * (~mb.truncated.bool()).float().unsqueeze(-1)
+        return mask
+
+    def loss(self, mb: Experience, counts: tuple[float, float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective on (a micro-batch of) a mini-batch: ``(loss, metrics)``. ``counts`` are
+        the mini-batch's global (token, sequence) counts that every aggregation mode divides by
+        (default: ``mb``'s own, summed over ranks)."""
+        return self.loss_and_logprobs(mb, counts)[:2]
+
+    def loss_and_logprobs(self, mb: Experience, counts: tuple[float, float] | None = None
+                          ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+        """`loss`, and the detached current log-probs it computed."""
+        mask = self.loss_mask(mb)
+        if counts is None:
+            counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])
+        tokens, seqs = counts
+        world = self.trainer.world_size if self._trainer is not None else 1
+
+        def token_mean(values: torch.Tensor) -> float:
+            # × world / global tokens, then the mean over ranks at logging = the global token mean
+            return float((values.detach().float() * mask).sum()) * world / max(tokens, 1.0)
+
+        logp, entropy = self.policy_logprobs(mb, with_entropy=True)
+        logp = logp.float()  # the loss stays in fp32 whatever the model's precision
+        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        per_token, stats = surrogate(
+            mb, logp, old, mask, policy_loss=self.objective.policy_loss, kl_estimator=self.kl_estimator,
+            kl_coef=self.knobs.kl_coef, correction=self.hparams.rollout_correction,
+            correction_cap=self.hparams.rollout_correction_cap,
+            loss_options=dict(clip_low=self.knobs.clip_low, clip_high=self.knobs.clip_high,
+                              dual_clip=self.objective.dual_clip, staleness=self.policy_version - mb.policy_version,
+                              **self.policy_loss_kwargs))
+        metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
+        metrics["entropy"] = token_mean(entropy)
+        if mb.ref_logprobs is not None:
+            metrics["kl"] = token_mean(kl_value(logp, mb.ref_logprobs))
+        # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
+        loss = world * aggregate_loss(per_token, mask, self.objective.loss_aggregation, num_tokens=tokens,
+                                      num_seqs=seqs, norm_length=self.sampling.max_new_tokens)
+        metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
+        return loss, metrics, logp.detach()
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Lightning calls this after AMP unscaling: log the gradient norm, then clip through
+        `clip_gradients`, so precision plugins and strategies see the clipping."""
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        self._grad_norm = grad_norm(params) if params else None
+        if self.hparams.max_grad_norm:
+            self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
+
+    # ---------------------------------------------------------------- plumbing
+    def _agreed_split(self, minibatch: Experience) -> list[torch.Tensor | None]:
+        """The micro-batches' rows; under FSDP2 every rank runs as many forwards as the rank with
+        the most (padded with None: a zero-weight pass), since each forward gathers parameters."""
+        chunks: list[torch.Tensor | None] = list(self.micro_batching.split(minibatch))
+        return chunks + [None] * (self._agree_count(len(chunks)) - len(chunks))
+
+    def _backward_sync(self, last: bool):
+        """DDP all-reduces gradients on the last micro-batch only (`no_sync` before it)."""
+        block = getattr(self.trainer.strategy, "block_backward_sync", None)
+        return nullcontext() if last or block is None else block()
