@@ -145,7 +145,7 @@ class ReferenceReset(RLCallback):
             if alpha == 1.0:
                 ref.copy_(theta)
             else:
-                ref.lerp_(theta.to(ref.dtype), alpha)
+                ref.lerp_(theta.to(device=ref.device, dtype=ref.dtype), alpha)  # a bf16 or offloaded reference
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

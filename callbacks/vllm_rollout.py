@@ -7,6 +7,7 @@ from typing import Any
 import lightning as L
 
 from lightning_rlpt.hooks import RLCallback, check_module
+from lightning_rlpt.model.precision import precision_dtype, refuse_fp16_on_cpu
 from lightning_rlpt.model.weights import check_not_repacked, policy_weights
 from lightning_rlpt.rollout import RolloutEngine
 from lightning_rlpt.rollout.vllm.checks import context_length, import_vllm, model_config
@@ -34,7 +35,8 @@ class VLLMRollout(RLCallback):
         tensor_parallel_size: GPUs vLLM shards the model over (1 on CPU).
         max_model_len: longest prompt + completion (default: the module's
             ``max_prompt_length`` + the largest ``max_new_tokens``).
-        dtype: vLLM's dtype (default: the policy's; fp32 gives parity with an fp32 learner).
+        dtype: vLLM's dtype (default: bfloat16 under the Trainer's ``"bf16-true"``/``"bf16-mixed"``,
+            float16 under ``"16-*"``, else the policy's; fp32 gives parity with an fp32 learner).
         enable_prefix_caching: reuse the prompt's KV cache across the G samples of a group
             (None: vLLM's default).
         seed: vLLM's engine seed (each request also gets its own seed from the module's stream).
@@ -86,11 +88,14 @@ class VLLMRollout(RLCallback):
         if stage != "fit" and not (stage == "validate" and self.validate):
             return
         import_vllm()  # fail first, with the install command, if vLLM is missing
+        refuse_fp16_on_cpu(trainer)
         self._check(pl_module)
         self._previous = pl_module.rollout_engine
+        # The precision plugin converts the policy only after setup: take the dtype from the trainer.
+        options = {**self.options, "dtype": self.options["dtype"] or precision_dtype(trainer.precision)}
         self.engine = self._given or VLLMEngine.from_module(
             pl_module, overrides=self.overrides, sync_every=self.sync_every,
-            sleep_between_phases=self.sleep_between_phases, **self.options)
+            sleep_between_phases=self.sleep_between_phases, **options)
         if self._given is not None:
             self._adopt(self._given, pl_module)
         pl_module.rollout_engine = self.engine

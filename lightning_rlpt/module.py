@@ -19,7 +19,9 @@ from .hooks import RLHookCaller
 from .knobs import Knobs, Requests
 from .metrics import PassAtK
 from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
-from .model.loading import check_model_source, frozen_copy, is_peft, load_policy, load_tokenizer, lora_as_dict, zero_dropout
+from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
+from .model.precision import check_precision
+from .model.reference import build_reference, check_reference_options, park_offloaded
 from .model.weights import policy_weights
 from .rewards import RewardFunctions
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
@@ -77,6 +79,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             log-probs (callbacks and losses that need them ask for them themselves:
             ``ESSScaledLR``, ``decoupled_ppo``); vLLM engines always report them.
         reference: force (True) or forbid (False) a reference model; None: when ``kl_coef > 0``.
+        reference_dtype / reference_offload: a full-FT reference in e.g. ``"bfloat16"`` / on CPU between forwards.
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
@@ -130,6 +133,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         max_grad_norm: float | None = 1.0,
         reference: bool | None = None,
+        reference_dtype: str | None = None, reference_offload: bool = False,
         use_fused_kernel: bool = True,
         rollout_correction: str | None = "auto",
         rollout_correction_cap: float = 2.0,
@@ -152,6 +156,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef))
         KL_ESTIMATORS.get(kl_estimator)
+        check_reference_options(reference_dtype, reference_offload, lora)
         self._check_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
         self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch)
         if rollout_correction == "auto":
@@ -180,8 +185,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             zero_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self.use_reference = self.knobs.kl_coef > 0 if reference is None else bool(reference)
-        # Full fine-tuning keeps a frozen copy; LoRA/QLoRA use the base with adapters disabled.
-        self.reference = frozen_copy(self.policy) if self.use_reference and not is_peft(self.policy) else None
+        self.reference = build_reference(self.policy, self.use_reference, reference_dtype, reference_offload)
         self.rollout_engine: RolloutEngine | None = None
         self.policy_version = 0
         self.rng = torch.Generator().manual_seed(seed)
@@ -252,13 +256,17 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         return self.rollout_engine
 
     def configure_model(self) -> None:
-        """Under ``ModelParallelStrategy``, shard the policy (and a full-FT reference) with FSDP2."""
+        """Check the precision; under ``ModelParallelStrategy``, shard the policy (and a full-FT reference) with FSDP2."""
+        check_precision(self._trainer, self.policy, self.hparams.lr)
         if is_model_parallel(self._trainer) and not getattr(self, "_sharded", False):
             mesh = self.device_mesh["data_parallel"]
             shard_with_fsdp2(self.policy, mesh)
             if self.reference is not None:
                 shard_with_fsdp2(self.reference, mesh)
             self._sharded = True
+
+    def on_fit_start(self) -> None:
+        park_offloaded(self.reference)  # reference_offload: back to CPU memory after the strategy moved the module
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .reference import is_offloaded
+
 
 def reduce_over_ranks(trainer: Any, values: Sequence[float], op: str = "sum") -> list[float]:
     """``values`` summed (``op="sum"``) or averaged (``"mean"``) over the data-parallel ranks, in
@@ -38,6 +40,11 @@ def shard_with_fsdp2(model: nn.Module, mesh: Any) -> None:
     """``fully_shard`` each decoder layer, then the root (FSDP2's recommended wrapping)."""
     from torch.distributed.fsdp import fully_shard
 
+    if is_offloaded(model):
+        raise ValueError("reference_offload=True is not supported under ModelParallelStrategy (FSDP2): each rank "
+                         "already holds only its shard of the reference, and the strategy moves every shard to the "
+                         "device. Drop reference_offload (reference_dtype='bfloat16' still halves the shards), or "
+                         "train with DDP or on one device")
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)

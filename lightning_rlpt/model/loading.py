@@ -157,15 +157,6 @@ def is_peft(policy: nn.Module) -> bool:
     return hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
 
 
-def frozen_copy(policy: nn.Module) -> nn.Module:
-    """A frozen reference for full fine-tuning (in the policy's mode: `reference_context` runs it
-    in eval mode when dropout is on)."""
-    ref = copy.deepcopy(policy)
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
 @contextmanager
 def reference_context(policy: nn.Module, reference: nn.Module | None) -> Iterator[nn.Module]:
     """Yield the model that plays the reference: the frozen copy; under LoRA/QLoRA the

@@ -14,6 +14,7 @@ from ..experience import Experience
 from ..hooks import call_hook
 from ..model.loading import reference_context
 from ..model.logprobs import completion_logprobs
+from ..model.reference import onloaded
 from ..rollout import collect
 
 
@@ -73,7 +74,7 @@ class MakeExperience:
             if exp.behaviour_logprobs is not None:
                 self._log_dict(mismatch_metrics(exp.old_logprobs, exp.behaviour_logprobs, exp.completion_mask.float()))
         if self.use_reference:
-            with self.timer("ref_logprobs"), reference_context(self.policy, self.reference) as ref:
+            with self.timer("ref_logprobs"), reference_context(self.policy, self.reference) as ref, onloaded(ref, self.device):
                 exp.ref_logprobs, ref_entropy = self._logprobs(ref, exp, with_entropy=self.requests.ref_entropy)
             if ref_entropy is not None:
                 exp.info["ref_entropy"] = ref_entropy

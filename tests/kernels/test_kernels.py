@@ -68,6 +68,20 @@ def test_matches_naive_reference(dtype, lead, hidden_size, vocab, bias, temperat
             torch.testing.assert_close(g.double(), r, atol=out_tol, rtol=grad_rtol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bf16_autocast_does_not_reach_inside(dtype):
+    """Lightning's ``precision="bf16-mixed"`` runs the training step, backward included, under
+    CPU autocast; the kernel still accumulates in fp32: outputs and gradients bit-equal to a run
+    without autocast. (Before the fix the entropy's ``bmm`` ran in bf16, off by ~1e-2.)"""
+    h, w, b, t = make((13,), 64, 37, dtype, scale=0.3)
+    plain_logp, plain_ent, plain_grads = grads(h, w, b, t, fused_logprobs, 0.7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, ent, got = grads(h, w, b, t, fused_logprobs, 0.7)
+    assert logp.dtype == ent.dtype == torch.float32
+    assert torch.equal(logp, plain_logp) and torch.equal(ent, plain_ent)
+    assert all(torch.equal(g, r) for g, r in zip(got, plain_grads))
+
+
 def test_uniform_logits_give_log_vocab_by_hand():
     # Zero weights: every logit is 0, so log p = -log V and the entropy is log V.
     logp, ent = fused_logprobs(torch.randn(3, 4), torch.zeros(50, 4), torch.tensor([0, 49, -100]))

@@ -155,7 +155,8 @@ class VLLMEngine(RolloutEngine):
         self.can_sleep = bool(sleep_between_phases) and current_platform.is_sleep_mode_available()
         self.asleep, self.phase, self.where, self.syncs = False, "training", "start-up", 0
         self.policy_version, self._tmpdir = 0, None
-        kwargs = dict(model=model, dtype=str(dtype).replace("torch.", ""), max_model_len=max_model_len,
+        self.dtype = str(dtype).replace("torch.", "")  # vLLM's compute dtype; synced weights are cast to it
+        kwargs = dict(model=model, dtype=self.dtype, max_model_len=max_model_len,
                       gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                       seed=seed, logprobs_mode=LOGPROBS_MODE, enforce_eager=not torch.cuda.is_available(),
                       generation_config="vllm", enable_sleep_mode=self.can_sleep, **llm_kwargs)
