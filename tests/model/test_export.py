@@ -26,7 +26,7 @@ MODES = {
 
 def fit_checkpoint(root, warm_start_dir, rows, callbacks=(), **kwargs):
     """2 GRPO steps with a ModelCheckpoint; the trained module and its checkpoint file."""
-    module = RLModule(warm_start_dir, reward_funcs=["task:exact_answer"], group_size=4,
+    module = RLModule(warm_start_dir, reward_funcs=["tiny_task:exact_answer"], group_size=4,
                       generation=dict(max_new_tokens=4, max_prompt_length=8), **kwargs)
     trainer = quiet_trainer(max_steps=2, enable_checkpointing=True,
                             callbacks=[ModelCheckpoint(dirpath=root), *callbacks])
