@@ -2,16 +2,19 @@
 demo (examples/arithmetic/run.py's settings) learns as it does with the HF engine."""
 import argparse
 import os
+import sys
 import weakref
 
 import lightning as L
 import pytest
 
-import run  # examples/arithmetic/run.py (on sys.path via conftest)
-import tiny_task as task
-from conftest import quiet_trainer
-from lightning_rlpt import PromptDataModule, RLModule
-from lightning_rlpt.callbacks import VLLMRollout
+from conftest import ARITHMETIC, quiet_trainer
+
+sys.path.insert(0, ARITHMETIC)  # this test runs the demo's own loop on vLLM
+import run  # noqa: E402  (examples/arithmetic/run.py)
+import tiny_task as task  # noqa: E402
+from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
+from lightning_rlpt.callbacks import VLLMRollout  # noqa: E402
 
 STEPS = 50
 

@@ -145,7 +145,7 @@ def test_overrides_apply_to_training_rollouts_only(engine, warm_start_dir):
     module = make_module(warm_start_dir)
     nine = len(task.SPECIALS) + task.SYMBOLS.index("9")
     callback = VLLMRollout(engine=engine, max_tokens=3, stop=["9"])
-    callback.setup(None, module, "fit")
+    callback.setup(quiet_trainer(), module, "fit")  # a real (CPU, 32-true) Trainer: setup reads its precision
     prompts = module.tokenizer(["12+34=", "55+44=", "40+59=", "19+70="] * 4)["input_ids"]
     try:
         train = engine.generate(prompts, module.sampling, seed=0)
