@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import lightning as L
 import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from .algorithms.correction import check_mode
@@ -20,9 +21,10 @@ from .knobs import Knobs, Requests
 from .metrics import PassAtK
 from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
 from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
-from .model.precision import check_precision
+from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .model.weights import policy_weights
+from .optim import build_optimizer, build_scheduler, default_optimizer
 from .rewards import RewardFunctions
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
 from .stages.experience import MakeExperience
@@ -67,7 +69,17 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             forwards (reference, old log-probs, entropies) and the HF engine's generation. A
             prompt that could not fit with ``max_new_tokens`` is refused before its rollout (see
             `lightning_rlpt.batching`). None: no cap (one pass).
-        lr / weight_decay / betas / max_grad_norm: AdamW (lr > 0) and gradient clipping.
+        optimizer: a callable ``params -> Optimizer`` (LightningCLI's ``OptimizerCallable``: in a
+            config, a ``class_path`` with ``init_args``), e.g. ``functools.partial(
+            bitsandbytes.optim.AdamW8bit, lr=1e-6)``. None: AdamW from ``lr`` / ``weight_decay`` /
+            ``betas`` (defaults 1e-6 / 0 / (0.9, 0.999)), which are then refused: set them inside
+            the callable. Checked at construction (and bitsandbytes' support of the device when
+            fitting starts), before any rollout.
+        lr_scheduler: a callable ``optimizer -> LRScheduler`` (``LRSchedulerCallable``), stepped
+            after every optimizer step, e.g. ``functools.partial(lightning_rlpt.optim.WarmupCosineLR,
+            total_steps=200, warmup_steps=10)``; None: constant. Checkpointed by Lightning;
+            ``LearningRateMonitor`` logs it.
+        lr / weight_decay / betas / max_grad_norm: the default AdamW (lr > 0) and gradient clipping.
         disable_dropout: set every dropout probability of the policy (and so of its reference)
             to 0, as TRL's ``disable_dropout`` does (default True): the loss forward then sees
             the policy that sampled and the reference is deterministic. The policy trains in
@@ -128,9 +140,11 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         minibatch_size: int | None = None,
         micro_batch_size: int | None = None,
         max_tokens_per_micro_batch: int | None = None,
-        lr: float = 1e-6,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        betas: tuple[float, float] | None = None,
         max_grad_norm: float | None = 1.0,
         reference: bool | None = None,
         reference_dtype: str | None = None, reference_offload: bool = False,
@@ -145,7 +159,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     ):
         super().__init__()
         check_model_source(model)
-        self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora"])
+        self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora", "optimizer", "lr_scheduler"])
         # What `export_checkpoint` needs to rebuild the model: the base path and the adapter config.
         # A local directory is recorded absolute, so an export from another working directory finds it.
         path = None if isinstance(model, nn.Module) else str(model)
@@ -158,6 +172,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         KL_ESTIMATORS.get(kl_estimator)
         check_reference_options(reference_dtype, reference_offload, lora)
         self._check_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
+        self.optimizer_factory = self._optimizer_factory(optimizer, lr, weight_decay, betas)
+        self.scheduler_factory = lr_scheduler
         self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch)
         if rollout_correction == "auto":
             rollout_correction = None if self.objective.self_correcting else "token_tis"
@@ -185,6 +201,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             zero_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
         self.use_reference = self.knobs.kl_coef > 0 if reference is None else bool(reference)
+        # Call the optimizer and scheduler callables once now, so a wrong one fails before any rollout.
+        build_scheduler(lr_scheduler, build_optimizer(self.optimizer_factory, self._trainable(), check_device=False))
         self.reference = build_reference(self.policy, self.use_reference, reference_dtype, reference_offload)
         self.rollout_engine: RolloutEngine | None = None
         self.policy_version = 0
@@ -196,8 +214,19 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         self.val_pass = nn.ModuleDict({str(k): PassAtK(k) for k in ks})
 
     @staticmethod
-    def _check_numbers(mu: int, minibatch: int | None, val_samples: int, lr: float) -> None:
-        if not lr > 0:
+    def _optimizer_factory(optimizer, lr, weight_decay, betas):
+        given = {k: v for k, v in dict(lr=lr, weight_decay=weight_decay, betas=betas).items() if v is not None}
+        if optimizer is None:
+            return default_optimizer(**given)
+        if given:
+            raise ValueError(f"{sorted(given)} configure the default AdamW, and optimizer= was given too: set them in "
+                             "the optimizer callable (e.g. functools.partial(torch.optim.AdamW, lr=1e-6), or the "
+                             "config's optimizer.init_args) and drop them here")
+        return optimizer
+
+    @staticmethod
+    def _check_numbers(mu: int, minibatch: int | None, val_samples: int, lr: float | None) -> None:
+        if lr is not None and not lr > 0:
             raise ValueError(f"lr must be > 0 (got {lr}); to evaluate without training use trainer.validate")
         if mu < 1:
             raise ValueError(f"updates_per_rollout must be >= 1 (got {mu})")
@@ -257,7 +286,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
 
     def configure_model(self) -> None:
         """Check the precision; under ``ModelParallelStrategy``, shard the policy (and a full-FT reference) with FSDP2."""
-        check_precision(self._trainer, self.policy, self.hparams.lr)
+        refuse_fp16_on_cpu(self._trainer)
         if is_model_parallel(self._trainer) and not getattr(self, "_sharded", False):
             mesh = self.device_mesh["data_parallel"]
             shard_with_fsdp2(self.policy, mesh)
@@ -268,10 +297,18 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     def on_fit_start(self) -> None:
         park_offloaded(self.reference)  # reference_offload: back to CPU memory after the strategy moved the module
 
+    def _trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
     def configure_optimizers(self):
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay,
-                                 betas=tuple(self.hparams.betas))
+        """The optimizer (and scheduler, stepped per optimizer step by `PolicyUpdate`) from the callables."""
+        params = self._trainable()
+        optimizer = build_optimizer(self.optimizer_factory, params)
+        warn_lost_updates(self._trainer.precision, params, max(group["lr"] for group in optimizer.param_groups))
+        scheduler = build_scheduler(self.scheduler_factory, optimizer)
+        if scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_rlpt"] = {"rng": self.rng.get_state(), "policy_version": self.policy_version,

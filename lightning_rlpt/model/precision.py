@@ -41,12 +41,6 @@ def precision_dtype(precision: Any) -> torch.dtype | None:
     return _DTYPES.get(str(precision).split("-")[0])
 
 
-def check_precision(trainer: Any, policy: torch.nn.Module, lr: float) -> None:
-    """Refuse fp16 on CPU; warn when ``*-true`` weights are too coarse for the learning rate."""
-    refuse_fp16_on_cpu(trainer)
-    warn_lost_updates(trainer.precision, (p for p in policy.parameters() if p.requires_grad), lr)
-
-
 def refuse_fp16_on_cpu(trainer: Any) -> None:
     """Fail before any rollout when the run would compute in fp16 on a CPU."""
     precision = str(trainer.precision)

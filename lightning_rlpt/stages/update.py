@@ -44,6 +44,7 @@ class PolicyUpdate:
             with self.timer("update"):
                 stats = self.accumulate_gradients(minibatch)
                 opt.step()  # clipping runs in on_before_optimizer_step, after AMP unscaling
+                self.step_scheduler()
                 if getattr(self, "_grad_norm", None) is not None:
                     stats["grad_norm"] = self._grad_norm
             self.policy_version += 1
@@ -128,6 +129,12 @@ class PolicyUpdate:
                                       num_seqs=seqs, norm_length=self.sampling.max_new_tokens)
         metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
         return loss, metrics, logp.detach()
+
+    def step_scheduler(self) -> None:
+        """Manual optimization leaves schedulers to the module: one step per optimizer step."""
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Lightning calls this after AMP unscaling: log the gradient norm, then clip through

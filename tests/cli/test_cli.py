@@ -58,6 +58,18 @@ def test_fit_from_config_logs_rewards_and_runs_yaml_callbacks(fit_run):
     assert saved["model"]["reward_funcs"] == ["task:exact_answer"] and saved["trainer"]["max_steps"] == 3
 
 
+def test_the_configs_optimizer_and_schedule_take_effect(fit_run):
+    """The config's AdamW(lr=3e-5) with WarmupCosineLR(total 200, warm-up 10): LearningRateMonitor
+    logs, at each step, the learning rate that step used: 3e-5 · s / 10 during the warm-up."""
+    csv_path = find_metrics(str(fit_run / "runs" / "arithmetic-cli"))
+    lrs = {}
+    with open(csv_path) as f:
+        for row in __import__("csv").DictReader(f):
+            if row.get("lr-AdamW"):
+                lrs[int(row["step"])] = float(row["lr-AdamW"])
+    assert lrs == pytest.approx({0: 0.0, 1: 3e-6, 2: 6e-6}, rel=1e-9, abs=1e-15)
+
+
 def test_docs_give_the_checkpoint_path_a_fit_writes():
     """Every checkpoint path the README, docs/cli.md and the config name is the one ModelCheckpoint writes."""
     texts = {name: open(os.path.join(ROOT, name)).read() for name in ("README.md", "docs/cli.md")}
@@ -87,9 +99,12 @@ def test_print_config_shows_module_data_and_trainer_keys(capsys):
     assert {"lora", "quantization", "updates_per_rollout", "rollout_correction"} <= set(printed["model"])
     assert printed["data"]["data"] == "examples/arithmetic/train.jsonl" and printed["data"]["val_batch_size"] == 300
     assert printed["trainer"]["max_steps"] == 200
-    (checkpoint,) = printed["trainer"]["callbacks"]
+    checkpoint, monitor = printed["trainer"]["callbacks"]
+    assert monitor["class_path"].endswith("LearningRateMonitor")
     assert checkpoint["class_path"].endswith("ModelCheckpoint") and checkpoint["init_args"]["save_last"] is True
-    assert "optimizer" not in printed  # RLModule builds its own AdamW from lr / weight_decay / betas
+    assert printed["model"]["optimizer"]["class_path"] == "torch.optim.AdamW"
+    assert printed["model"]["lr_scheduler"]["class_path"] == "lightning_rlpt.optim.WarmupCosineLR"
+    assert "optimizer" not in printed  # LightningCLI's own optimizer keys are off: the module's arguments hold them
 
 
 def test_unknown_key_fails_naming_it(tmp_path, capsys):

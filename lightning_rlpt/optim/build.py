@@ -1,0 +1,101 @@
+"""Building the optimizer and the scheduler from the callables `RLModule` was given, with the
+checks that turn a wrong callable or an unsupported 8-bit optimizer into a clear error at
+construction, before any model is rolled out."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], LRScheduler]
+
+
+def default_optimizer(lr: float = 1e-6, weight_decay: float = 0.0,
+                      betas: tuple[float, float] = (0.9, 0.999)) -> OptimizerFactory:
+    """AdamW with a constant learning rate: what `RLModule` uses without ``optimizer=``.
+
+    Example:
+        >>> default_optimizer(lr=3e-5)([torch.nn.Parameter(torch.zeros(1))]).defaults["lr"]
+        3e-05
+    """
+    return functools.partial(torch.optim.AdamW, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+
+
+def _name(factory: Any) -> str:
+    inner = getattr(factory, "func", factory)
+    return f"{getattr(inner, '__module__', '')}.{getattr(inner, '__qualname__', repr(inner))}".lstrip(".")
+
+
+def _call(factory: Any, arg: Any, what: str, takes: str, example: str, returns: type) -> Any:
+    """``factory(arg)``, with an error that names the argument and shows a callable that works
+    when ``factory`` is not callable, does not take ``arg``, or returns something else."""
+    if not callable(factory):
+        raise TypeError(f"{what} must be a callable that takes the {takes}, got {factory!r}: pass e.g. {example}")
+    try:
+        built = factory(arg)
+    except TypeError as err:
+        raise TypeError(f"{what} {_name(factory)} could not be called with the {takes}: {err}. Pass a callable "
+                        f"whose other arguments are bound, e.g. {example}") from err
+    if not isinstance(built, returns):
+        raise TypeError(f"{what} {_name(factory)} returned {type(built).__name__}, not a "
+                        f"{'torch.optim' if returns is torch.optim.Optimizer else 'torch.optim.lr_scheduler'}.{returns.__name__}")
+    return built
+
+
+def build_optimizer(factory: OptimizerFactory, params: list[torch.nn.Parameter],
+                    check_device: bool = True) -> torch.optim.Optimizer:
+    """``factory(params)``, checked: it must accept the parameters and return an optimizer that
+    can step on their device (`check_bitsandbytes`; skipped with ``check_device=False``, as when
+    `RLModule` tries its callables at construction, before the strategy moves the parameters)."""
+    optimizer = _call(factory, params, "optimizer", "parameters",
+                      "functools.partial(torch.optim.AdamW, lr=1e-6), or in a config a class_path with init_args",
+                      torch.optim.Optimizer)
+    if check_device:
+        check_bitsandbytes(optimizer, params[0])
+    return optimizer
+
+
+def check_bitsandbytes(optimizer: torch.optim.Optimizer, sample: torch.Tensor) -> None:
+    """Refuse a bitsandbytes optimizer the platform cannot run as asked, before training starts.
+
+    A paged optimizer pages its state between GPU and CPU memory; on any other device bitsandbytes
+    only warns and falls back to the unpaged optimizer, so a run that asked for paging silently
+    gets none: refused. Any other bitsandbytes optimizer takes one probe step on a 4,096-element
+    parameter (the size from which bitsandbytes keeps 8-bit state) of ``sample``'s device and
+    dtype; a build without support for them fails there, not at the first real step."""
+    cls = type(optimizer)
+    if not cls.__module__.startswith("bitsandbytes"):
+        return
+    device = sample.device
+    if cls.__name__.startswith("Paged") and device.type != "cuda":
+        unpaged = cls.__name__[len("Paged"):]
+        raise ValueError(f"bitsandbytes' {cls.__name__} pages optimizer state out of GPU memory, and the parameters "
+                         f"are on {device.type}, where bitsandbytes does not page (it would fall back to {unpaged}). "
+                         f"Use bitsandbytes.optim.{unpaged} (8-bit state, no paging) or torch.optim.AdamW here, or "
+                         "train on a CUDA GPU")
+    probe = torch.nn.Parameter(torch.zeros(4096, device=device, dtype=sample.dtype))
+    try:
+        probe.grad = torch.ones_like(probe)
+        cls([probe], lr=1e-3).step()
+    except Exception as err:
+        raise RuntimeError(f"bitsandbytes' {cls.__name__} cannot step {sample.dtype} parameters on {device} with this "
+                           f"bitsandbytes build ({type(err).__name__}: {err}). Use torch.optim.AdamW (32-bit state; "
+                           "fused=True on CUDA), or install a bitsandbytes build that supports this device") from err
+
+
+def build_scheduler(factory: SchedulerFactory | None, optimizer: torch.optim.Optimizer) -> LRScheduler | None:
+    """``factory(optimizer)``, checked: it must take the optimizer and return a scheduler that
+    steps without a monitored metric (`RLModule` steps it after every optimizer step)."""
+    if factory is None:
+        return None
+    scheduler = _call(factory, optimizer, "lr_scheduler", "optimizer",
+                      "functools.partial(lightning_rlpt.optim.WarmupCosineLR, total_steps=200, warmup_steps=10)",
+                      LRScheduler)
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau steps on a monitored metric, and RLModule steps its scheduler after every "
+                         "optimizer step without one: use a step-based schedule (LinearLR, CosineAnnealingLR, "
+                         "lightning_rlpt.optim.WarmupCosineLR)")
+    return scheduler
