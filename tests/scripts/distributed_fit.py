@@ -7,6 +7,10 @@ With ``--resume-at N`` it fits N steps, saves a checkpoint (sharded under FSDP2)
 module and Trainer resume from it up to ``--steps``; metrics of the two parts go to
 ``part0/`` and ``part1/``.
 
+With ``--gradient-checkpointing`` the policy recomputes its layers' activations in backward;
+every run writes ``layer_forwards_rank{r}.json``: how many times decoder layer 0 ran with grad
+(once per micro-batch, twice with checkpointing).
+
 With ``--streams`` it adds `RewardDithering` and `CurriculumSampler(dynamic_filtering=True)`
 on a task where half the prompts always score 0 (so refills happen) and writes, per rank,
 ``streams_rank{r}.json``: the dataset rows of every rollout (sampled batch, then refills) and
@@ -27,6 +31,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 import tiny_task as task  # noqa: E402
+from layer_forwards import count_grad_forwards  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
 from lightning_rlpt.callbacks import CurriculumSampler, RewardDithering  # noqa: E402
 
@@ -61,6 +66,7 @@ def main() -> None:
     p.add_argument("--streams", action="store_true")
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_micro_batch")
+    p.add_argument("--gradient-checkpointing", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.resume_at is None:
@@ -72,6 +78,8 @@ def main() -> None:
         fit(args, args.resume_at, version="part0", callbacks=[every])
         trainer, module = fit(args, args.steps, version="part1", ckpt_path=os.path.join(args.out, "ckpt.ckpt"))
     save_weights(trainer, module, args.out)
+    with open(os.path.join(args.out, f"layer_forwards_rank{trainer.global_rank}.json"), "w") as f:
+        json.dump(module.grad_forwards[0], f)  # of the last fit (after --resume-at: the resumed part)
     if args.streams:
         with open(os.path.join(args.out, f"streams_rank{trainer.global_rank}.json"), "w") as f:
             json.dump(RECORD, f)
@@ -84,7 +92,9 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
     module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"),
                       reward_funcs=[half_constant if args.streams else task.exact_answer], group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
                       generation=dict(max_new_tokens=4, max_prompt_length=8),
-                      micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens)
+                      micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens,
+                      gradient_checkpointing=args.gradient_checkpointing)
+    module.grad_forwards = count_grad_forwards(module.policy)
     train, _ = task.split_pairs()
     rows = task.rows(train[:32])
     if args.streams:
