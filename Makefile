@@ -29,7 +29,7 @@ bench-trl: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/vs_trl.py
 
-# Peak RSS of one GRPO step as the rollout grows 4x: one pass, micro-batches, TRL (~1 h on 2 idle cores).
+# Peak RSS of one GRPO step as the rollout grows 4x: one pass, micro-batches, TRL (3 rounds: ~75 min on 2 idle cores).
 bench-memory: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/memory_scaling.py
