@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean bench-trl
+.PHONY: demo test install clean bench-trl bench-memory
 
 install: $(STAMP)
 
@@ -28,6 +28,11 @@ test: $(STAMP)
 bench-trl: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/vs_trl.py
+
+# Peak RSS of one GRPO step as the rollout grows 4x: one pass, micro-batches, TRL (3 rounds: ~75 min on 2 idle cores).
+bench-memory: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/memory_scaling.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

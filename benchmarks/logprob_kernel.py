@@ -56,7 +56,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from quiet import IDLE, cpu_info, repeat_if_disturbed, run_measured  # benchmarks/quiet.py
+from quiet import (IDLE, add_idle_args, cpu_info, read_status_kb, repeat_if_disturbed, reset_peak_rss,
+                   run_measured, set_idle)  # benchmarks/quiet.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -152,11 +153,6 @@ def make(n, h, v, dtype, device, seed=0):
     return hidden, weight, targets, coef
 
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def worker(variant: str, n: int, h: int, v: int, dtype: str, steps: int) -> dict:
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
     device, dt = VARIANTS[variant][2], getattr(torch, dtype)
@@ -169,9 +165,8 @@ def worker(variant: str, n: int, h: int, v: int, dtype: str, steps: int) -> dict
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
-        before = _status_kb("VmRSS") * 1024
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM (peak RSS) to the current RSS
+        before = read_status_kb("VmRSS") * 1024
+        reset_peak_rss(trim=False)  # VmHWM (peak RSS) := the current RSS
     times = []
     for i in range(steps):
         start = time.perf_counter()
@@ -179,7 +174,7 @@ def worker(variant: str, n: int, h: int, v: int, dtype: str, steps: int) -> dict
         sync()
         times.append(time.perf_counter() - start)
         if i == 0:
-            peak = torch.cuda.max_memory_allocated() if device == "cuda" else _status_kb("VmHWM") * 1024
+            peak = torch.cuda.max_memory_allocated() if device == "cuda" else read_status_kb("VmHWM") * 1024
     return dict(extra_mb=(peak - before) / 2 ** 20, times=times, load_start=load_start, load_end=os.getloadavg()[0],
                 threads=torch.get_num_threads())
 
@@ -281,14 +276,9 @@ def main() -> None:
                         "(default: benchmarks/results, or nothing with --quick)")
     parser.add_argument("--render", action="store_true", help="only rebuild logprob_kernel.md from logprob_kernel.json")
     parser.add_argument("--worker", nargs=5, metavar=("VARIANT", "N", "H", "V", "DTYPE"), help=argparse.SUPPRESS)
-    parser.add_argument("--idle-cores", type=float, default=IDLE["max_busy"],
-                        help="before each child, wait until other processes use at most this many cores")
-    parser.add_argument("--idle-wait", type=float, default=IDLE["max_wait"], help="... for at most this many seconds")
-    parser.add_argument("--max-others", type=float, default=IDLE["max_others"],
-                        help="repeat a child during which other processes used more than this many cores (mean)")
-    parser.add_argument("--retries", type=int, default=IDLE["retries"], help="... at most this many times per child")
+    add_idle_args(parser, "child")
     args = parser.parse_args()
-    IDLE.update(max_busy=args.idle_cores, max_wait=args.idle_wait, max_others=args.max_others, retries=args.retries)
+    set_idle(args)
     if args.worker:
         variant, n, h, v, dtype = args.worker
         print(json.dumps(worker(variant, int(n), int(h), int(v), dtype, args.steps)))

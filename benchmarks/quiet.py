@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+import statistics
 import time
 
 # Start a run once others use <= max_busy cores (waiting at most max_wait s); repeat it, at most
@@ -53,6 +54,55 @@ def cpu_info() -> dict:
     except OSError:
         pass
     return dict(model=model, bf16=sorted(flags & {"avx512_bf16", "amx_bf16"}))
+
+
+def read_status_kb(field: str) -> int:
+    """A ``/proc/self/status`` figure in kB (``VmRSS``: resident now; ``VmHWM``: its peak)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def reset_peak_rss(trim: bool = True) -> None:
+    """Reset this process's peak RSS (``VmHWM``) to its current RSS, so the next ``VmHWM`` read is
+    the peak of what runs in between. ``trim`` first hands the heap's free pages back to the OS
+    (glibc ``malloc_trim``), so memory freed earlier but kept by the allocator is not counted as
+    resident before that work and then silently reused by it."""
+    if trim:
+        import ctypes
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:  # not glibc: nothing to trim
+            pass
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def add_idle_args(parser, what: str = "run") -> None:
+    """The ``--idle-*`` flags every benchmark takes (see `IDLE`); apply them with `set_idle`."""
+    parser.add_argument("--idle-cores", type=float, default=IDLE["max_busy"],
+                        help=f"before each {what}, wait until other processes use at most this many cores")
+    parser.add_argument("--idle-wait", type=float, default=IDLE["max_wait"], help="... for at most this many seconds")
+    parser.add_argument("--max-others", type=float, default=IDLE["max_others"],
+                        help=f"repeat a {what} during which other processes used more than this many cores (mean)")
+    parser.add_argument("--retries", type=int, default=IDLE["retries"], help=f"... at most this many times per {what}")
+
+
+def set_idle(args) -> None:
+    IDLE.update(max_busy=args.idle_cores, max_wait=args.idle_wait, max_others=args.max_others, retries=args.retries)
+
+
+def contention_note(runs: list[dict], gate: dict, cpus: int) -> str:
+    """One sentence on what other processes did around ``runs`` (each with ``run_measured``'s
+    ``others_cores`` and ``waited_s``, and `repeat_if_disturbed`'s ``discarded``)."""
+    others = [r["others_cores"] for r in runs if "others_cores" in r]
+    if not others:
+        return ""
+    return (f"each run started once other processes used ≤ {gate['max_busy']:.1f} cores (waiting ≤ "
+            f"{gate['max_wait']:.0f} s; the longest wait was {max(r['waited_s'] for r in runs):.0f} s); "
+            f"during the runs other processes used {min(others):.2f}–{max(others):.2f} cores "
+            f"(median {statistics.median(others):.2f}) of the {cpus}; runs during which they used more than "
+            f"{gate.get('max_others', float('nan')):.1f} cores were repeated (at most {gate.get('retries', 0)} times): "
+            f"{sum(len(r.get('discarded', [])) for r in runs)} discarded attempt(s), kept in the JSON.")
 
 
 def run_measured(cmd: list[str], env: dict | None = None):

@@ -55,7 +55,8 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples", "arithmetic"))
-from quiet import IDLE, cpu_info, repeat_if_disturbed, run_measured  # noqa: E402  (benchmarks/quiet.py)
+from quiet import (IDLE, add_idle_args, contention_note, cpu_info, repeat_if_disturbed,  # noqa: E402
+                   run_measured, set_idle)  # benchmarks/quiet.py
 
 PROMPTS, GROUP, LR, MAX_NEW = 16, 8, 3e-5, 32
 
@@ -106,8 +107,7 @@ def model_dir(mode: str, size: str, tmp: str) -> str:
     if mode == "curves":
         return os.path.join(ROOT, "examples", "arithmetic", "warm_start")
     shape = SIZES[size]
-    tokenizer = task.build_tokenizer()
-    tokenizer.add_tokens([f"<unused{i}>" for i in range(shape["vocab"] - len(tokenizer))])
+    tokenizer = padded_tokenizer(shape["vocab"])
     config = LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"], intermediate_size=2 * shape["hidden"],
                          num_hidden_layers=shape["layers"], num_attention_heads=shape["hidden"] // 64,
                          num_key_value_heads=shape["hidden"] // 64, head_dim=64, max_position_embeddings=64,
@@ -116,6 +116,15 @@ def model_dir(mode: str, size: str, tmp: str) -> str:
     LlamaForCausalLM(config).save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     return tmp
+
+
+def padded_tokenizer(vocab: int):
+    """The demo's character tokenizer with unused tokens added up to ``vocab`` ids (so a model
+    with a realistic vocabulary decodes every id it samples)."""
+    import task
+    tokenizer = task.build_tokenizer()
+    tokenizer.add_tokens([f"<unused{i}>" for i in range(vocab - len(tokenizer))])
+    return tokenizer
 
 
 def held_out_pairs():
@@ -137,19 +146,20 @@ def held_out_accuracy(model, tokenizer) -> float:
     return acc
 
 
-def trl_config(steps: int, use_vllm: bool = False):
+def trl_config(steps: int, use_vllm: bool = False, **overrides):
+    """This benchmark's ``GRPOConfig``; ``overrides`` replace or add fields (memory_scaling.py)."""
     from trl import GRPOConfig
     extra = {}
     if use_vllm:  # TRL's own colocated vLLM engine (fails on vLLM's CPU build; see --try-trl-vllm)
         extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=False)
-    return GRPOConfig(
+    return GRPOConfig(**{**dict(
         output_dir=tempfile.mkdtemp(), use_cpu=True, per_device_train_batch_size=PROMPTS * GROUP,
         num_generations=GROUP, max_completion_length=MAX_NEW, learning_rate=LR, lr_scheduler_type="constant",
         max_grad_norm=1.0, beta=0.0, loss_type="grpo", scale_rewards="group", temperature=1.0, max_steps=steps,
         logging_steps=1, report_to="none", save_strategy="no", seed=0, disable_tqdm=True, bf16=False,
         dataloader_num_workers=0,
         gradient_checkpointing=False,  # GRPOConfig's default is True; RLModule does not checkpoint
-        **extra)
+        **extra), **overrides})
 
 
 def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use_vllm: bool = False) -> None:
@@ -374,16 +384,7 @@ def versions() -> dict[str, str]:
 
 
 def contention(ph: dict) -> str:
-    others = [r["others_cores"] for r in ph["runs"] if "others_cores" in r]
-    if not others:
-        return ""
-    gate = ph.get("idle", IDLE)
-    return (f"each run started once other processes used ≤ {gate['max_busy']:.1f} cores (waiting ≤ "
-            f"{gate['max_wait']:.0f} s; the longest wait was {max(r['waited_s'] for r in ph['runs']):.0f} s); "
-            f"during the runs other processes used {min(others):.2f}–{max(others):.2f} cores "
-            f"(median {statistics.median(others):.2f}) of the {ph['cpus']}; runs during which they used more than "
-            f"{gate.get('max_others', float('nan')):.1f} cores were repeated (at most {gate.get('retries', 0)} times): "
-            f"{sum(len(r.get('discarded', [])) for r in ph['runs'])} discarded attempt(s), kept in the JSON.")
+    return contention_note(ph["runs"], ph.get("idle", IDLE), ph["cpus"])
 
 
 def report(data: dict) -> str:
@@ -442,14 +443,9 @@ def main() -> None:
     p.add_argument("--sizes", default=",".join(SIZES), help=f"throughput model sizes, from {list(SIZES)}")
     p.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--idle-cores", type=float, default=IDLE["max_busy"],
-                   help="before each run, wait until other processes use at most this many cores")
-    p.add_argument("--idle-wait", type=float, default=IDLE["max_wait"], help="... for at most this many seconds")
-    p.add_argument("--max-others", type=float, default=IDLE["max_others"],
-                   help="repeat a run during which other processes used more than this many cores (mean)")
-    p.add_argument("--retries", type=int, default=IDLE["retries"], help="... at most this many times per run")
+    add_idle_args(p, "run")
     args = p.parse_args()
-    IDLE.update(max_busy=args.idle_cores, max_wait=args.idle_wait, max_others=args.max_others, retries=args.retries)
+    set_idle(args)
     if args.worker:
         return worker(args.worker, args.mode, args.size, args.steps, args.eval_every, args.out)
     engines = args.engines.split(",")
