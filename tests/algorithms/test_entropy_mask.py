@@ -70,3 +70,11 @@ def test_bad_quantiles_are_refused(rho):
     with pytest.raises(ValueError, match=r"top_entropy_quantile must be in \(0, 1\].*1.0 trains on every token, "
                                          r"the paper uses 0.2"):
         check_top_entropy_quantile(rho)
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    from lightning_rlpt.algorithms import entropy_mask
+
+    assert doctest.testmod(entropy_mask).failed == 0

@@ -112,3 +112,11 @@ def test_distribution_changes_name_what_the_learner_does_not_model():
     # greedy: truncations cannot change the argmax; a penalty can
     assert SamplingConfig(temperature=0.0, top_p=0.9, min_p=0.1, repetition_penalty=1.1).distribution_changes() == [
         "repetition_penalty=1.1"]
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    from lightning_rlpt.rollout import hf, sampling
+
+    assert doctest.testmod(hf).failed == 0 and doctest.testmod(sampling).failed == 0
