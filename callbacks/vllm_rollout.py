@@ -104,10 +104,12 @@ class VLLMRollout(RLCallback):
         check_module(self, module)
         for param in module.policy.parameters():
             check_not_repacked(param)
-        if module.sampling.top_p < 1 or module.sampling.top_k > 0:
-            warnings.warn("with top_p < 1 or top_k > 0 vLLM's behaviour log-probs are those of the truncated, "
-                          "renormalised distribution while the learner's are not; the importance ratio then also "
-                          "carries the truncation (see docs/vllm.md)", stacklevel=3)
+        changes = module.sampling.distribution_changes()
+        if changes:
+            warnings.warn(f"with {', '.join(changes)} vLLM's behaviour log-probs are those of the distribution "
+                          "really sampled from (truncated, penalised, renormalised) while the learner's are the "
+                          "policy's at the temperature; the importance ratio then also carries that difference "
+                          "(see docs/vllm.md, docs/long_reasoning.md)", stacklevel=3)
 
     def _adopt(self, engine: VLLMEngine, module: L.LightningModule) -> None:
         """A caller's engine: check it fits this module, apply this callback's settings, sync."""

@@ -11,6 +11,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from .algorithms.correction import check_mode
+from .algorithms.entropy_mask import check_top_entropy_quantile
 from .algorithms.kl import KL_ESTIMATORS
 from .algorithms.presets import check_objective, resolve_objective
 from .batching import MicroBatching
@@ -87,6 +88,10 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         mask_truncated_completions: leave completions that hit the token budget without EOS out
             of the loss (TRL's name; DAPO's overlong filtering). They still count in their
             group's advantages, and, as in TRL, as (empty) rows of the ``seq-mean-*`` means.
+        top_entropy_quantile: ρ in (0, 1] (TRL's name): only the fraction ρ of each mini-batch's
+            trained tokens with the highest entropy (over all ranks) keep the policy-gradient term
+            (Wang et al., arXiv 2506.01939; 0.2 there); KL and denominators are unchanged. 1.0: all
+            tokens. See `algorithms.entropy_mask` and docs/long_reasoning.md.
         rollout_logprobs: the built-in HF engine also reports the sampling (behaviour)
             log-probs (callbacks and losses that need them ask for them themselves:
             ``ESSScaledLR``, ``decoupled_ppo``); vLLM engines always report them.
@@ -155,6 +160,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         seed_per_prompt: bool = False,
         disable_dropout: bool = True,
         mask_truncated_completions: bool = False,
+        top_entropy_quantile: float = 1.0,
         rollout_logprobs: bool = False,
     ):
         super().__init__()
@@ -174,6 +180,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         self._check_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
         self.optimizer_factory = self._optimizer_factory(optimizer, lr, weight_decay, betas)
         self.scheduler_factory = lr_scheduler
+        check_top_entropy_quantile(top_entropy_quantile)
         self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch)
         if rollout_correction == "auto":
             rollout_correction = None if self.objective.self_correcting else "token_tis"

@@ -14,14 +14,18 @@ from .losses import POLICY_LOSSES, Stats
 
 def surrogate(mb: Any, logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, *, policy_loss: str,
               kl_estimator: str, kl_coef: float, correction: str | None, correction_cap: float,
-              loss_options: dict[str, Any]) -> tuple[torch.Tensor, Stats]:
+              loss_options: dict[str, Any], policy_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Stats]:
     """``(per-token loss [N, C], the policy loss's stats)`` for the mini-batch ``mb`` (an
     `Experience`), with ``logp`` the current log-probs (with grad) and ``old`` π_old's.
 
     ``loss_options`` go to the policy loss (clip ranges, dual clip, staleness, its own kwargs).
+    ``policy_mask`` multiplies the policy-gradient term alone, not the KL term (the high-entropy
+    tokens of `entropy_mask`); the loss itself still sees ``mask``, e.g. for sequence ratios.
     """
     per_token, stats = POLICY_LOSSES.get(policy_loss)(logp, old, mb.advantages, mask,
                                                       behaviour_logprobs=mb.behaviour_logprobs, **loss_options)
+    if policy_mask is not None:
+        per_token = per_token * policy_mask
     if mb.ref_logprobs is not None and kl_coef > 0:
         kl_tok = KL_ESTIMATORS.get(kl_estimator)(logp, mb.ref_logprobs, old, mask)
         kl_w = mb.kl_weights.unsqueeze(-1) if mb.kl_weights is not None else 1.0

@@ -17,9 +17,10 @@ def tokenize_prompts(tokenizer: Any, prompts: list[Any], sampling: SamplingConfi
 
     Conversational prompts (lists of ``{"role", "content"}`` dicts, as in TRL) always go through
     ``tokenizer.apply_chat_template(add_generation_prompt=True)``; string prompts do too when the
-    tokenizer has a chat template and ``sampling.chat_template`` is on. Reward functions still
+    tokenizer has a chat template and ``sampling.chat_template`` is on; the template also gets
+    ``sampling.chat_template_kwargs`` (e.g. ``enable_thinking=False``). Reward functions still
     receive the original prompts."""
-    ids = [_prompt_ids(tokenizer, p, sampling.chat_template) for p in prompts]
+    ids = [_prompt_ids(tokenizer, p, sampling.chat_template, sampling.chat_template_kwargs) for p in prompts]
     limit = sampling.max_prompt_length
     if limit is None:
         return ids, 0
@@ -32,7 +33,8 @@ def tokenize_prompts(tokenizer: Any, prompts: list[Any], sampling: SamplingConfi
     return [row[-limit:] for row in ids], len(too_long)
 
 
-def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool) -> list[int]:
+def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool, template_kwargs: dict[str, Any] | None = None
+                ) -> list[int]:
     if isinstance(prompt, str) and not (use_template and getattr(tokenizer, "chat_template", None)):
         return tokenizer(prompt, add_special_tokens=True)["input_ids"]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
@@ -40,7 +42,7 @@ def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool) -> list[int]:
         raise ValueError(f"conversational prompt {str(messages)[:80]!r} needs a chat template, but the tokenizer has "
                          "none: set tokenizer.chat_template (a Jinja string) or give plain string prompts")
     # The template writes the special tokens (BOS, role markers) itself, as TRL does.
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

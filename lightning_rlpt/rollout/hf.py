@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..model.distributed import is_sharded, world_size
 from ..padding import left_pad
@@ -15,6 +16,8 @@ class HFGenerateEngine(RolloutEngine):
 
     Sampling draws from a private RNG stream seeded by ``seed`` for each call, so the global
     torch RNG is untouched and a resumed run samples exactly what an uninterrupted one does.
+    ``SamplingConfig.min_p`` is transformers' ``MinPLogitsWarper``; ``repetition_penalty`` is
+    `RepetitionPenalty`, which, as vLLM does, leaves each row's left padding out.
 
     Args:
         policy: the Hugging Face causal LM being trained (LoRA/QLoRA wrappers included).
@@ -77,7 +80,7 @@ class HFGenerateEngine(RolloutEngine):
                     input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
                     eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id,
                     return_dict_in_generate=True, output_scores=self.return_logprobs,
-                    synced_gpus=world_size() > 1 and is_sharded(self.policy), **_sampling_kwargs(sampling))
+                    synced_gpus=world_size() > 1 and is_sharded(self.policy), **_sampling_kwargs(sampling, mask))
         finally:
             self.policy.train(was_training)
         new = out.sequences[:, ids.shape[1]:]
@@ -104,8 +107,48 @@ def agreed_count(count: int, policy: nn.Module) -> int:
     return int(t)
 
 
-def _sampling_kwargs(sampling: SamplingConfig) -> dict:
+class RepetitionPenalty(LogitsProcessor):
+    """CTRL's repetition penalty (Keskar et al., arXiv 1909.05858) as vLLM applies it: the logit
+    of every token present in the prompt or the completion so far is divided by ``penalty`` when
+    positive and multiplied by it otherwise.
+
+    transformers' own ``RepetitionPenaltyLogitsProcessor`` also counts the left padding of a
+    batched prompt, so a pad token (often EOS itself) would be penalised in short prompts' rows
+    only, and a row's completion would depend on its batch; this one skips the first
+    ``pad_lengths[row]`` positions. A custom processor runs before generate's warpers, so the
+    order is vLLM's: penalty, temperature, then top-k/top-p/min-p.
+
+    Args:
+        penalty: > 0; 1 is a no-op.
+        pad_lengths: ``[B]`` left-padding length of each prompt row.
+
+    Example:
+        >>> p = RepetitionPenalty(2.0, torch.tensor([1]))
+        >>> p(torch.tensor([[0, 1]]), torch.tensor([[4.0, 4.0, -1.0]])).tolist()  # 0 is padding
+        [[4.0, 2.0, -1.0]]
+    """
+
+    def __init__(self, penalty: float, pad_lengths: torch.Tensor):
+        self.penalty, self.pad_lengths = float(penalty), pad_lengths
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        vocab = scores.shape[-1]
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        real = positions.unsqueeze(0) >= self.pad_lengths.to(input_ids.device).unsqueeze(1)
+        ids = torch.where(real, input_ids.clamp(max=vocab), vocab)  # padding → a spare column, dropped below
+        seen = scores.new_zeros(scores.shape[0], vocab + 1).scatter_(1, ids, 1.0)[:, :vocab].bool()
+        penalised = torch.where(scores > 0, scores / self.penalty, scores * self.penalty)
+        return torch.where(seen, penalised, scores)
+
+
+def _sampling_kwargs(sampling: SamplingConfig, attention_mask: torch.Tensor) -> dict:
+    """generate's arguments for ``sampling``; model generation-config defaults (a checkpoint's own
+    ``repetition_penalty``, ``top_k``, ...) are overridden, never stacked."""
+    extra: dict = {"repetition_penalty": 1.0}  # the penalty is ours, below: transformers' would count padding
+    if sampling.repetition_penalty != 1:
+        pads = attention_mask.shape[1] - attention_mask.sum(1)
+        extra["logits_processor"] = LogitsProcessorList([RepetitionPenalty(sampling.repetition_penalty, pads)])
     if sampling.temperature == 0:
-        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None, **extra}
     return {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "top_k": sampling.top_k or None}
+            "top_k": sampling.top_k or None, "min_p": sampling.min_p or None, **extra}

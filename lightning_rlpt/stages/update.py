@@ -6,6 +6,14 @@ gradients accumulating, so the step's gradient is the one-pass gradient. That ho
 aggregation mode because each is a sum over rows or tokens divided by a constant of the whole
 mini-batch (its global token and sequence counts, or ``max_new_tokens``), which every
 micro-batch's loss uses; ``seq-mean-token-mean``'s per-sequence means never cross rows.
+
+``top_entropy_quantile`` < 1 keeps the policy-gradient term on the mini-batch's highest-entropy
+tokens only (`algorithms.entropy_mask`). Its threshold is a quantile over the whole mini-batch
+on every rank, so micro-batching must not change it: in one pass the loss forward's own
+entropies give it (gathered over ranks, as TRL does); with micro-batches a no-grad forward of
+the mini-batch, chunked like them, measures the entropies first (the policy does not move
+within a step, so they are those the loss forwards see). That costs one extra no-grad forward
+per optimizer step, only when both options are on.
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ import torch
 
 from ..algorithms.aggregation import aggregate_loss
 from ..algorithms.correction import mismatch_metrics
+from ..algorithms.entropy_mask import entropy_threshold, high_entropy_mask
 from ..algorithms.kl import kl_value
 from ..algorithms.surrogate import surrogate
 from ..batching import minibatch_orders
@@ -64,6 +73,7 @@ class PolicyUpdate:
         returns the mini-batch's metrics (sums of the micro-batches' shares)."""
         mask = self.loss_mask(minibatch)
         counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])  # global counts
+        threshold = self._minibatch_entropy_threshold(minibatch, mask)
         chunks = self._agreed_split(minibatch)
         self.optimizers().zero_grad()
         totals: dict[str, float] = {}
@@ -71,7 +81,7 @@ class PolicyUpdate:
         for i, rows in enumerate(chunks):
             dummy = rows is None  # an FSDP2 rank with fewer micro-batches joins the others' collectives
             micro = minibatch.select(rows if rows is not None else [0]).trim()
-            loss, stats, logp = self.loss_and_logprobs(micro, counts=counts)
+            loss, stats, logp = self.loss_and_logprobs(micro, counts=counts, entropy_threshold=threshold)
             with self._backward_sync(last=i == len(chunks) - 1):
                 self.manual_backward(loss * 0.0 if dummy else loss)
             if dummy:
@@ -97,9 +107,11 @@ class PolicyUpdate:
         (default: ``mb``'s own, summed over ranks)."""
         return self.loss_and_logprobs(mb, counts)[:2]
 
-    def loss_and_logprobs(self, mb: Experience, counts: tuple[float, float] | None = None
+    def loss_and_logprobs(self, mb: Experience, counts: tuple[float, float] | None = None,
+                          entropy_threshold: torch.Tensor | None = None
                           ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-        """`loss`, and the detached current log-probs it computed."""
+        """`loss`, and the detached current log-probs it computed. ``entropy_threshold``: the
+        mini-batch's high-entropy threshold (default: from this forward's entropies, all ranks)."""
         mask = self.loss_mask(mb)
         if counts is None:
             counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])
@@ -112,6 +124,7 @@ class PolicyUpdate:
 
         logp, entropy = self.policy_logprobs(mb, with_entropy=True)
         logp = logp.float()  # the loss stays in fp32 whatever the model's precision
+        policy_mask = self._high_entropy_mask(entropy, mask, entropy_threshold)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         per_token, stats = surrogate(
             mb, logp, old, mask, policy_loss=self.objective.policy_loss, kl_estimator=self.kl_estimator,
@@ -119,9 +132,11 @@ class PolicyUpdate:
             correction_cap=self.hparams.rollout_correction_cap,
             loss_options=dict(clip_low=self.knobs.clip_low, clip_high=self.knobs.clip_high,
                               dual_clip=self.objective.dual_clip, staleness=self.policy_version - mb.policy_version,
-                              **self.policy_loss_kwargs))
+                              **self.policy_loss_kwargs), policy_mask=policy_mask)
         metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
         metrics["entropy"] = token_mean(entropy)
+        if policy_mask is not None:
+            metrics["top_entropy/kept_fraction"] = token_mean(policy_mask)
         if mb.ref_logprobs is not None:
             metrics["kl"] = token_mean(kl_value(logp, mb.ref_logprobs))
         # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
@@ -143,6 +158,40 @@ class PolicyUpdate:
         self._grad_norm = grad_norm(params) if params else None
         if self.hparams.max_grad_norm:
             self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
+
+    # ---------------------------------------------------------------- high-entropy tokens
+    def _high_entropy_mask(self, entropy: torch.Tensor, mask: torch.Tensor,
+                           threshold: torch.Tensor | None) -> torch.Tensor | None:
+        """The tokens that keep their policy gradient (None: all, ``top_entropy_quantile`` = 1)."""
+        rho = self.hparams.top_entropy_quantile
+        if rho >= 1:
+            return None
+        if threshold is None:  # one pass: this forward holds the whole mini-batch
+            threshold = entropy_threshold(entropy, mask, rho, self._gather_tokens)
+        return high_entropy_mask(entropy, mask, threshold)
+
+    def _minibatch_entropy_threshold(self, minibatch: Experience, mask: torch.Tensor) -> torch.Tensor | None:
+        """With micro-batches, the threshold over the whole mini-batch from a no-grad forward
+        chunked like them (None when the loss forward can compute it itself)."""
+        rho = self.hparams.top_entropy_quantile
+        if rho >= 1 or not self.micro_batching.active:
+            return None
+        with torch.no_grad():
+            entropy = self._logprobs(self.policy, minibatch, with_entropy=True)[1]
+        return entropy_threshold(entropy, mask, rho, self._gather_tokens)
+
+    def _gather_tokens(self, values: torch.Tensor) -> torch.Tensor:
+        """Every rank's 1-D ``values`` concatenated (each padded to the longest with -inf for the
+        all-gather, the padding then dropped; entropies are never -inf)."""
+        if self._trainer is None or self.trainer.world_size == 1:
+            return values
+        longest = int(reduce_over_ranks(self._trainer, [values.numel()], op="max")[0])
+        if longest == 0:
+            return values
+        padded = values.new_full((longest,), float("-inf"))
+        padded[:values.numel()] = values
+        gathered = self.all_gather(padded).flatten()
+        return gathered[gathered > float("-inf")]
 
     # ---------------------------------------------------------------- plumbing
     def _agreed_split(self, minibatch: Experience) -> list[torch.Tensor | None]:

@@ -164,3 +164,45 @@ def test_templated_prompts_are_truncated_after_the_template(tokenizer):
     tokenizer.chat_template = TEMPLATE
     ids, cut = tokenize_prompts(tokenizer, ["1+2", "3"], SamplingConfig(max_prompt_length=3))
     assert ids == [[13, 5, 14], [1, 6, 14]] and cut == 1
+
+
+# A template that reads a variable, as Qwen3's reads ``enable_thinking``: the generation prompt is
+# "==" when thinking is switched off, "=" otherwise.
+THINKING_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}"
+                     "{% if enable_thinking is defined and not enable_thinking %}=={% else %}={% endif %}{% endif %}")
+
+
+def test_chat_template_kwargs_reach_the_template(tokenizer):
+    tokenizer.chat_template = THINKING_TEMPLATE
+    off = SamplingConfig(chat_template_kwargs={"enable_thinking": False})
+    assert tokenize_prompts(tokenizer, ["1+2"], SamplingConfig())[0] == [ONE_PLUS_TWO + [14]]
+    assert tokenize_prompts(tokenizer, ["1+2"], off)[0] == [ONE_PLUS_TWO + [14, 14]]
+    conv = [[{"role": "user", "content": "1+2"}]]
+    assert tokenize_prompts(tokenizer, conv, off)[0] == [ONE_PLUS_TWO + [14, 14]]
+    # raw string prompts do not go through the template, so the variable has nothing to change
+    assert tokenize_prompts(tokenizer, ["1+2"], SamplingConfig(chat_template=False, chat_template_kwargs={
+        "enable_thinking": False}))[0] == [ONE_PLUS_TWO]
+
+
+def test_validation_formats_prompts_like_training(warm_start_dir):
+    import tiny_task as task
+    from lightning_rlpt import RLModule
+
+    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=2,
+                      generation=dict(max_new_tokens=4, chat_template_kwargs={"enable_thinking": False}))
+    module.tokenizer.chat_template = THINKING_TEMPLATE
+    assert module.val_sampling.chat_template_kwargs == {"enable_thinking": False}
+    assert module.val_sampling.temperature == 0
+    assert tokenize_prompts(module.tokenizer, ["1+2"], module.val_sampling)[0] == [ONE_PLUS_TWO + [14, 14]]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ("enable_thinking=False", r"chat_template_kwargs must be a dict of variable names to values, e.g. "
+                              r"\{'enable_thinking': False\}"),
+    ({1: True}, "chat_template_kwargs must be a dict of variable names"),
+    ({"tokenize": True, "enable_thinking": False}, r"may not set \['tokenize'\]: the prompt tokenizer sets"),
+    ({"add_generation_prompt": False}, r"may not set \['add_generation_prompt'\].*drop them"),
+])
+def test_bad_chat_template_kwargs_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(chat_template_kwargs=kwargs)

@@ -65,6 +65,24 @@ def test_two_processes_with_micro_batches_match_one_pass_on_one(strategy, cap, s
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy,cap", [("ddp", ("--micro-batch-size", "4")), ("fsdp2", ())])
+def test_top_entropy_threshold_spans_both_ranks(strategy, cap, tmp_path):
+    """``top_entropy_quantile``: the threshold is a quantile over every rank's tokens, so two ranks
+    (DDP micro-batched: the entropy pre-pass; FSDP2 in one pass: the loss forward's) train like
+    one process holding the whole mini-batch."""
+    flag = ("--top-entropy-quantile", "0.3")
+    ref_rows, ref_weights = _run("single", tmp_path / "single", *flag)
+    rows, weights = _run(strategy, tmp_path / strategy, *flag, *cap)
+    assert len(rows) == len(ref_rows) == 3
+    for step, (a, b) in enumerate(zip(ref_rows, rows)):
+        assert 0 < a["top_entropy/kept_fraction"] < 0.5 and a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), f"step {step} {key}: {a[key]} vs {b[key]}"
+    for key in ref_weights:
+        assert torch.allclose(weights[key], ref_weights[key], atol=1e-5), key
+
+
+@pytest.mark.slow
 def test_fsdp2_sharded_checkpoint_resumes_exactly(tmp_path):
     straight = _run("fsdp2", tmp_path / "straight", "--steps", "4")
     resumed = _run("fsdp2", tmp_path / "resumed", "--steps", "4", "--resume-at", "2")

@@ -129,3 +129,26 @@ def test_single_pass_measures_the_mismatch_in_the_loss_without_an_extra_forward(
     deviation = abs(trainer.callback_metrics["sampling/importance_sampling_ratio/max"].item() - 1)
     # sync_every=3: the last step's rollout came from the step-0 weights, two updates behind
     assert deviation < ATOL if sync_every == 1 else deviation > 1e-3
+
+
+def test_repetition_penalty_and_min_p_match_the_hf_engine(engine, warm_start_dir, arithmetic_rows):
+    """Both engines apply CTRL's penalty to prompt and completion tokens before the temperature
+    (the HF engine skips its left padding, which vLLM never sees) and min-p after it; greedy
+    tokens and behaviour log-probs (vLLM's processed ones, generate's processed scores) agree.
+    ``min_p=1`` at T = 1 keeps the argmax alone: greedy tokens, log-probs 0."""
+    module = make_module(warm_start_dir)
+    engine.load_weights(policy_weights(module.policy), 0)
+    prompts = [row["prompt"] for row in arithmetic_rows[:24]] + ["7=", "5+6=", "1+1=", "99+9="]
+    ids = module.tokenizer(prompts)["input_ids"]
+    hf = HFGenerateEngine(module.policy, task.EOS_ID, task.PAD_ID, return_logprobs=True)
+    penalised = SamplingConfig(max_new_tokens=4, temperature=0.0, max_prompt_length=8, repetition_penalty=3.0)
+    only_max = SamplingConfig(max_new_tokens=4, temperature=1.0, max_prompt_length=8, min_p=1.0)
+    for config in (penalised, only_max):
+        a, b = hf.generate(ids, config, 0), engine.generate(ids, config, 0)
+        assert a.completion_ids == b.completion_ids
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert max(abs(u - v) for u, v in zip(x, y)) < ATOL
+    plain = engine.generate(ids, GREEDY, 0).completion_ids
+    assert engine.generate(ids, penalised, 0).completion_ids != plain  # the penalty changed some answers
+    only = engine.generate(ids, only_max, 0)
+    assert only.completion_ids == plain and all(lp == 0.0 for row in only.logprobs for lp in row)

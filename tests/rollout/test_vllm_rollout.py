@@ -81,6 +81,16 @@ def test_max_model_len_shorter_than_prompt_plus_completion(monkeypatch, warm_sta
                  r"max_model_len=10 is shorter than max_prompt_length \(8\) \+ max_new_tokens \(4\) = 12")
 
 
+def test_settings_the_learner_does_not_model_are_named_in_a_warning(monkeypatch, warm_start_dir, data):
+    """min_p and repetition_penalty, like top_p/top_k: vLLM's processed log-probs include them."""
+    _no_start(monkeypatch)
+    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, kl_coef=0.0,
+                      generation={**GEN, "min_p": 0.1, "repetition_penalty": 1.2})
+    with pytest.warns(UserWarning, match=r"with min_p=0.1, repetition_penalty=1.2 vLLM's behaviour log-probs are "
+                                         r"those of the distribution really sampled from"):
+        _fit_refused(module, data, VLLMRollout(max_model_len=10), ValueError, r"max_model_len=10 is shorter")
+
+
 def test_tensor_parallel_larger_than_devices(monkeypatch, warm_start_dir, data):
     _no_start(monkeypatch)
     _fit_refused(make_module(warm_start_dir), data, VLLMRollout(tensor_parallel_size=2), ValueError,

@@ -67,6 +67,7 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_micro_batch")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.resume_at is None:
@@ -93,7 +94,8 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                       reward_funcs=[half_constant if args.streams else task.exact_answer], group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
                       generation=dict(max_new_tokens=4, max_prompt_length=8),
                       micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens,
-                      gradient_checkpointing=args.gradient_checkpointing)
+                      gradient_checkpointing=args.gradient_checkpointing,
+                      top_entropy_quantile=args.top_entropy_quantile)
     module.grad_forwards = count_grad_forwards(module.policy)
     train, _ = task.split_pairs()
     rows = task.rows(train[:32])

@@ -14,7 +14,10 @@ train/inference mismatch and weight staleness. ``raw_logprobs`` (vLLM's default)
 taken before the temperature and differ whenever T ≠ 1. With top-k/top-p truncation,
 "processed" also includes the renormalisation over the kept tokens: it is then the true
 density the token was drawn from (what importance sampling needs), while the learner's value
-is the untruncated one, so the IS ratio also carries the truncation.
+is the untruncated one, so the IS ratio also carries the truncation. The same holds for
+``min_p`` (applied after the temperature, before top-k/top-p) and ``repetition_penalty``
+(CTRL's, on prompt and completion tokens, before the temperature; greedy requests too), which
+"processed" includes as well (docs/long_reasoning.md).
 
 Sampling is reproducible: request ``i`` of a call seeded ``seed`` draws with its own seed
 (`request_seeds`), so the module's checkpointed seed stream fixes every completion.
@@ -238,7 +241,8 @@ class VLLMEngine(RolloutEngine):
 
         words = [s for s in stop if isinstance(s, str)]
         common = dict(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                      top_k=sampling.top_k, logprobs=0, stop=words or None, detokenize=bool(words),
+                      top_k=sampling.top_k, min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty,
+                      logprobs=0, stop=words or None, detokenize=bool(words),
                       stop_token_ids=[self.eos_token_id] + [s for s in stop if isinstance(s, int)])
         return [SamplingParams(seed=s, **common) for s in seeds]
 
