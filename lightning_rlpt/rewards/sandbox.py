@@ -64,8 +64,8 @@ def run_in_sandbox(code: str, tests: Sequence[str], *, timeout: float = 5.0, mem
         code: the program; tests run in its global namespace, which is named ``__solution__``
             (``if __name__ == "__main__":`` blocks do not run).
         tests: Python snippets; a test passes when it runs without raising.
-        timeout: wall-clock seconds for the code and all tests together (interpreter start
-            included, about 50 ms).
+        timeout: wall-clock seconds for the code and all tests together, counted from the
+            worker's start (the interpreter's start, about 50 ms, comes before).
         memory_mb: address-space limit of each process.
         max_file_mb: size limit of any file the code writes.
         network: ``"auto"`` (a network namespace when possible, else the socket guard) or

@@ -91,7 +91,7 @@ def worker(spec: dict, report_fd: int, guard: bool) -> None:
 
 def supervise(pid: int, report_fd: int, timeout: float) -> tuple[bytes, str]:
     """The worker's report and how it ended: ok, exit N, memory, timeout or killed by a signal."""
-    deadline, report, status = time.monotonic() + timeout, bytearray(), None
+    deadline, report, status, eof = time.monotonic() + timeout, bytearray(), None, False
     while status is None:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -99,8 +99,11 @@ def supervise(pid: int, report_fd: int, timeout: float) -> tuple[bytes, str]:
             os.waitpid(pid, 0)
             status = "timeout"
             break
-        if select.select([report_fd], [], [], min(left, 0.05))[0]:
+        if eof:  # the worker closed the pipe but runs on: poll
+            time.sleep(min(left, 0.02))
+        elif select.select([report_fd], [], [], min(left, 0.05))[0]:
             chunk = os.read(report_fd, 65536)
+            eof = not chunk
             report += chunk[:max(0, MAX_REPORT - len(report))]
         done, wait_status = os.waitpid(pid, os.WNOHANG)
         if done:

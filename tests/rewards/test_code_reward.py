@@ -166,3 +166,45 @@ def test_pickles_and_is_named_code():
     assert (copy.timeout, copy.binary, copy.__name__) == (3, True, "code")
     assert RewardFunctions(["lightning_rlpt.rewards.library:code_reward"]).names == ["code"]  # configs name it so
     assert call(copy, ["def add(a, b): return a + b"]) == [1.0]
+
+
+def test_in_a_training_step_with_the_length_penalty(llama_dir, arithmetic_rows):
+    """The tests column reaches the reward through the datamodule; with the test ``assert True``
+    a completion scores 1.0 exactly when its text runs as Python (``12+3`` does, ``1=2`` does not).
+    The length penalty, computed from the same scores, matches Kimi's formula by hand per group."""
+    from conftest import quiet_trainer
+    from lightning_rlpt import LengthPenalty, PromptDataModule, RLCallback, RLModule
+
+    seen = []
+
+    class Keep(RLCallback):
+        def on_rollout_scored(self, trainer, module, experience):
+            seen.append(experience)
+
+    rows = [{**row, "tests": ["assert True"]} for row in arithmetic_rows]
+    code = CodeExecutionReward(timeout=10, max_workers=2)
+    module = RLModule(llama_dir, reward_funcs=[code, LengthPenalty(code)], group_size=4, seed=3,
+                      generation=dict(max_new_tokens=6, max_prompt_length=8))
+    trainer = quiet_trainer(max_steps=1, callbacks=[Keep()])
+    trainer.fit(module, datamodule=PromptDataModule(rows, batch_size=2))
+    exp = seen[0]
+
+    def runs(text):
+        try:
+            exec(compile(text, "<completion>", "exec"), {})
+            return 1.0
+        except Exception:
+            return 0.0
+    by_hand = [runs(c) for c in exp.completions]
+    assert 0 < sum(by_hand) < len(by_hand), exp.completions  # both kinds, or the check proves little
+    assert exp.rewards_per_func[:, 0].tolist() == by_hand
+    assert trainer.callback_metrics["rewards/code/mean"].item() == pytest.approx(sum(by_hand) / len(by_hand))
+    lengths = exp.completion_mask.sum(1).tolist()
+    expected = []
+    for g in range(2):
+        group = lengths[4 * g:4 * g + 4]
+        lo, hi = min(group), max(group)
+        for n, ok in zip(group, by_hand[4 * g:4 * g + 4]):
+            lam = 0.0 if hi == lo else 0.5 - (n - lo) / (hi - lo)
+            expected.append(lam if ok else min(0.0, lam))
+    assert exp.rewards_per_func[:, 1].tolist() == pytest.approx(expected)
