@@ -8,7 +8,8 @@ tests on stdin. The child (see ``sandbox_child.py``) limits the worker that runs
   and reaped; the parent kills the whole session a few seconds later still, as a backstop;
 - ``memory_mb``: ``RLIMIT_AS`` per process; an allocation beyond it raises MemoryError, which
   ends the run as ``"memory"``;
-- CPU seconds: ``RLIMIT_CPU`` of the timeout rounded up (SIGXCPU, then SIGKILL);
+- CPU seconds: ``RLIMIT_CPU`` of the timeout rounded up plus one (SIGXCPU, then SIGKILL a second
+  later), which code burning CPU on several threads at once can reach before the timeout;
 - files: ``RLIMIT_FSIZE`` (``max_file_mb``); the code's stdout and stderr go to /dev/null;
 - network: a new network namespace (nothing but a downed loopback) when the kernel allows it
   (root, or unprivileged user namespaces); else a guard that makes Python refuse non-Unix
@@ -22,6 +23,7 @@ Run untrusted models' code in a container or VM as well.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import signal
@@ -77,7 +79,7 @@ def run_in_sandbox(code: str, tests: Sequence[str], *, timeout: float = 5.0, mem
         (True, False)
     """
     spec = {"code": code, "tests": list(tests), "timeout": timeout, "memory_bytes": memory_mb << 20,
-            "cpu_seconds": int(timeout) + 1, "file_bytes": max_file_mb << 20, "network": network,
+            "cpu_seconds": math.ceil(timeout) + 1, "file_bytes": max_file_mb << 20, "network": network,
             "nonce": secrets.token_hex(8)}
     with tempfile.TemporaryDirectory(prefix="rlpt-sandbox-", ignore_cleanup_errors=True) as cwd:
         proc = subprocess.Popen([python or sys.executable, "-I", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

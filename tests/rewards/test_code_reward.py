@@ -126,13 +126,17 @@ def test_every_process_the_code_started_is_gone(tmp_path):
         assert len(recorded) == 4 and all(gone(pid) for pid in recorded), recorded  # killed and reaped, escapees too
 
 
-def test_limits_on_files_environment_and_output(monkeypatch):
+def test_limits_on_files_environment_cpu_and_output(monkeypatch):
     monkeypatch.setenv("RLPT_TEST_SECRET", "token")
     code = ("import os\nprint('x' * 10**7)\ntry:\n    open('big', 'wb').write(b'x' * (4 << 20))\n    wrote = True\n"
             "except OSError:\n    wrote = False\n")
+    limits = "import resource\nassert resource.getrlimit(resource.RLIMIT_{}) == {}"
     outcome = run_in_sandbox(code, ["assert not wrote", "assert os.path.getsize('big') <= 1 << 20",
-                                    "assert 'RLPT_TEST_SECRET' not in os.environ"], timeout=10, max_file_mb=1)
-    assert outcome.passed == (True, True, True)
+                                    "assert 'RLPT_TEST_SECRET' not in os.environ",
+                                    limits.format("CPU", (12, 13)),  # 10.5 s rounded up, plus 1; SIGKILL a second later
+                                    limits.format("AS", (300 << 20, 300 << 20))],
+                             timeout=10.5, memory_mb=300, max_file_mb=1)
+    assert outcome.passed == (True,) * 5
 
 
 def test_bad_tests_are_refused_before_any_code_runs(tmp_path):
