@@ -44,7 +44,8 @@ class CodeExecutionReward:
     a single string is one test (e.g. HumanEval's ``check(candidate)`` program). The code runs
     once; then each test runs in its namespace and passes when it raises nothing. Code that
     raises or does not compile fails every test. open-r1's ``code_reward`` (pass rate) and
-    ``binary_code_reward`` (all or nothing) score the same way, on stdin/stdout cases instead.
+    ``binary_code_reward`` (all or nothing) score the same way, on stdin/stdout cases instead;
+    it scores a completion without a ```` ```python ```` block as empty code.
 
     Each completion runs in a fresh ``python -I`` subprocess (`lightning_rlpt.rewards.sandbox`):
     its own temporary working directory, a clean environment, a wall-clock ``timeout``, a
