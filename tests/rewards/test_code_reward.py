@@ -68,13 +68,13 @@ def test_killed_samples_are_scored_per_reward_on_error_without_running_twice(tmp
     runs = tmp_path / "runs"
     mark = f"open({str(runs)!r}, 'a').write('x')\n"
     completions = [mark + "def add(a, b): return a + b", mark + LOOP, mark + "def add(a, b): return abs(a) + b"]
-    zero = RewardFunctions([CodeExecutionReward(timeout=1.5, max_workers=2)], on_error="zero")
+    zero = RewardFunctions([CodeExecutionReward(timeout=2, max_workers=2)], on_error="zero")
     scores, failures = zero(["q"] * 3, completions, {"tests": [ADD_TESTS] * 3})
     assert scores[:, 0].tolist() == pytest.approx([1.0, 0.0, 2 / 3])  # abs(a) + b gets add(-1, 1) wrong
     assert failures == {"code": 1}
     assert runs.read_text() == "xxx"
-    strict = RewardFunctions([CodeExecutionReward(timeout=1.5, max_workers=2)])
-    with pytest.raises(RewardError, match=r"'code' raised SandboxLimitError: the code was killed: it ran past timeout=1.5s.* on sample 1 .*"
+    strict = RewardFunctions([CodeExecutionReward(timeout=2, max_workers=2)])
+    with pytest.raises(RewardError, match=r"'code' raised SandboxLimitError: the code was killed: it ran past timeout=2s.* on sample 1 .*"
                                           r"reward_on_error='zero'"):
         strict(["q"] * 3, completions, {"tests": [ADD_TESTS] * 3})
 
