@@ -7,8 +7,9 @@ from .experience import Experience
 from .hooks import RLCallback
 from .knobs import Knobs, Requests
 from .module import RLModule
-from .rewards import (FormatReward, MathAnswerReward, RewardError, RewardFunctions, SoftOverlongPunishment,
-                      format_reward, math_answer_reward, soft_overlong_punishment)
+from .rewards import (CodeExecutionReward, FormatReward, LengthPenalty, MathAnswerReward, RewardError, RewardFunctions,
+                      SoftOverlongPunishment, format_reward, math_answer_reward, soft_overlong_punishment,
+                      think_format_reward)
 from .rollout import HFGenerateEngine, RolloutEngine, RolloutOutput, SamplingConfig
 
 __version__ = "0.1.0"
@@ -18,5 +19,5 @@ __all__ = [
     "MathAnswerReward", "POLICY_LOSSES", "PRESETS", "PromptDataModule", "PromptDataset", "RLCallback", "RLModule",
     "Requests", "RewardError", "RewardFunctions", "RolloutEngine", "RolloutOutput", "SamplingConfig",
     "SoftOverlongPunishment", "aggregate_loss", "compute_advantages", "format_reward", "math_answer_reward",
-    "soft_overlong_punishment",
+    "soft_overlong_punishment", "CodeExecutionReward", "LengthPenalty", "think_format_reward",
 ]

@@ -1,4 +1,5 @@
-"""The reward library: math answers checked by math_verify, and a regex format reward."""
+"""The reward library: math answers checked by math_verify, regex format rewards, Kimi k1.5's length
+penalty. (DAPO's overlong punishment: test_overlong.py; the code reward: test_code_reward.py.)"""
 import doctest
 import pickle
 import re
@@ -6,9 +7,10 @@ import threading
 
 import pytest
 
-from lightning_rlpt.rewards import library as reward_library
-from lightning_rlpt.rewards.library import (FormatReward, MathAnswerReward, completion_text, format_reward,
-                                           math_answer_reward)
+import lightning_rlpt
+from lightning_rlpt.rewards import code, format, length, library, math_answer, sandbox, text
+from lightning_rlpt.rewards.library import (FormatReward, LengthPenalty, MathAnswerReward, completion_text,
+                                           format_reward, math_answer_reward, think_format_reward)
 from lightning_rlpt.rewards import RewardError, RewardFunctions
 
 
@@ -113,5 +115,69 @@ def test_names_weights_and_pickling():
         == ["math_answer", "format"]
 
 
-def test_docstring_examples():
-    assert doctest.testmod(reward_library).failed == 0
+@pytest.mark.parametrize("completion, expected", [
+    ("<think>\nThis is my reasoning.\n</think>\nThis is my answer.", 1.0),  # TRL's docstring examples
+    ("<think>\nThis is my reasoning.\nThis is my answer.", 0.0),
+    ("<think></think>", 1.0),
+    ("<think>a</think>b</think>", 1.0),  # a stray closing tag later is allowed, as in TRL
+    ("<think>a</think><think>b</think>", 0.0),  # a second opening tag is not
+    (" <think>a</think>", 0.0),  # must start with the tag
+    ("answer first <think>a</think>", 0.0),
+    ([{"role": "assistant", "content": "<think>r</think>4"}], 1.0),
+])
+def test_think_format_reward_is_trls(completion, expected):
+    assert think_format_reward(["q"], [completion]) == [expected]
+
+
+def test_think_format_reward_is_logged_under_its_own_name():
+    assert RewardFunctions([format_reward, think_format_reward]).names == ["format", "think_format"]
+    assert RewardFunctions(["lightning_rlpt:think_format_reward"]).names == ["think_format"]
+    assert FormatReward(r"\d+", name="digits").__name__ == "digits"
+    assert pickle.loads(pickle.dumps(think_format_reward)).__name__ == "think_format"
+
+
+def exact(prompts, completions, answer, **_):
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+
+def test_length_penalty_by_hand():
+    """Kimi k1.5: λ = 0.5 − (len − min)/(max − min) per group; λ if correct, min(0, λ) if not."""
+    # group 0 (prompt a): lengths 4, 8, 12, 6 -> λ = 0.5, 0, -0.5, 0.25; the last two are wrong
+    # group 1 (prompt b): lengths 5, 5 -> all equal: 0. Rows interleaved: grouping goes by index.
+    rows = [("a", 0, 4, "1"), ("b", 1, 5, "1"), ("a", 0, 8, "1"), ("a", 0, 12, "x"), ("b", 1, 5, "x"), ("a", 0, 6, "x")]
+    prompts, index, lengths, completions = map(list, zip(*rows))
+    got = LengthPenalty(exact)(prompts, completions, answer=["1"] * 6, index=index,
+                               completion_ids=[[7] * n for n in lengths])
+    assert got == pytest.approx([0.5, 0.0, 0.0, -0.5, 0.0, 0.0])
+    # no index column: equal prompts make a group, with the same result
+    assert LengthPenalty(exact)(prompts, completions, answer=["1"] * 6, completion_ids=[[7] * n for n in lengths]) \
+        == pytest.approx(got)
+    # one shared index but two prompts (a mixture of two sources): still two groups
+    assert LengthPenalty(exact)(prompts, completions, answer=["1"] * 6, index=[0] * 6,
+                                completion_ids=[[7] * n for n in lengths]) == pytest.approx(got)
+
+
+def test_length_penalty_threshold_and_names():
+    def partial(prompts, completions, score, **_):
+        return score
+    penalty = LengthPenalty(partial, threshold=0.5)  # correct when the score is at least 0.5
+    got = penalty(["p"] * 3, ["", "", ""], score=[0.5, 0.4, 1.0], completion_ids=[[1] * 10, [1] * 2, [1] * 6])
+    assert got == pytest.approx([-0.5, 0.0, 0.0])  # λ = -0.5, 0.5 (wrong: min(0, 0.5)), 0.0
+    rf = RewardFunctions([math_answer_reward, LengthPenalty(math_answer_reward)], weights=[1.0, 0.1])
+    scores, _ = rf(["q"] * 2, [r"\boxed{2}", r"so \boxed{2}"], {"answer": ["2", "2"]}, completion_ids=[[1] * 3, [1] * 9])
+    assert rf.names == ["math_answer", "length"] and scores.tolist() == [[1.0, 0.5], [1.0, -0.5]]
+    assert pickle.loads(pickle.dumps(LengthPenalty(math_answer_reward))).threshold == 1.0
+    with pytest.raises(TypeError, match="correctness must be a reward function.*math_answer_reward"):
+        LengthPenalty("math_answer")
+
+
+def test_every_import_path_still_works():
+    for name in ("math_answer_reward", "format_reward", "think_format_reward", "soft_overlong_punishment",
+                 "FormatReward", "MathAnswerReward", "SoftOverlongPunishment", "LengthPenalty", "CodeExecutionReward"):
+        assert getattr(lightning_rlpt, name) is getattr(library, name)
+    assert library.completion_text is text.completion_text and library.THINK_ANSWER_FORMAT == format.THINK_ANSWER_FORMAT
+
+
+@pytest.mark.parametrize("module", [code, format, length, library, math_answer, sandbox, text])
+def test_docstring_examples(module):
+    assert doctest.testmod(module).failed == 0
