@@ -1,7 +1,12 @@
-"""Rewards: calling the user's functions safely (``functions``) and ready-made ones (``library``)."""
-from .functions import RewardError, RewardFunctions
+"""Rewards: calling the user's functions safely (``functions``, ``calling``), remote ones
+(``http``) and ready-made ones (``library``)."""
+from .calling import RewardError, RewardTimeout, RewardUnavailable
+from .functions import RewardFunctions, as_trl_completions
+from .http import HTTPReward
 from .library import (FormatReward, MathAnswerReward, SoftOverlongPunishment, format_reward, math_answer_reward,
                       soft_overlong_punishment)
+from .state import TrainerState
 
-__all__ = ["FormatReward", "MathAnswerReward", "RewardError", "RewardFunctions", "SoftOverlongPunishment",
-           "format_reward", "math_answer_reward", "soft_overlong_punishment"]
+__all__ = ["FormatReward", "HTTPReward", "MathAnswerReward", "RewardError", "RewardFunctions", "RewardTimeout",
+           "RewardUnavailable", "SoftOverlongPunishment", "TrainerState", "as_trl_completions", "format_reward",
+           "math_answer_reward", "soft_overlong_punishment"]
