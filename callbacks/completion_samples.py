@@ -67,7 +67,9 @@ class CompletionSamples(RLCallback):
         for i in self._picked:
             row = {"step": trainer.global_step, "prompt": _text(experience.prompts[i]),
                    "completion": experience.completions[i], "reward": float(experience.rewards[i])}
-            row.update({f"reward/{name}": float(per_func[i, j]) for j, name in enumerate(names)})
+            # NaN: the function returned None ("does not apply"); an empty cell, like a missing advantage
+            row.update({f"reward/{name}": None if per_func[i, j].isnan() else float(per_func[i, j])
+                        for j, name in enumerate(names)})
             row["advantage"] = None
             self._pending.append(row)
         self._experience_id = (n, [experience.completions[i] for i in self._picked])

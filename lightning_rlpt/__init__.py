@@ -7,15 +7,16 @@ from .experience import Experience
 from .hooks import RLCallback
 from .knobs import Knobs, Requests
 from .module import RLModule
-from .rewards import (CodeExecutionReward, FormatReward, LengthPenalty, MathAnswerReward, RewardError, RewardFunctions,
-                      SoftOverlongPunishment, format_reward, math_answer_reward, soft_overlong_punishment,
-                      think_format_reward)
+from .rewards import (CodeExecutionReward, FormatReward, HTTPReward, LengthPenalty, MathAnswerReward, RewardError,
+                      RewardFunctions, SoftOverlongPunishment, format_reward, math_answer_reward,
+                      soft_overlong_punishment, think_format_reward)
 from .rollout import HFGenerateEngine, RolloutEngine, RolloutOutput, SamplingConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "Experience", "FormatReward", "HFGenerateEngine", "KL_ESTIMATORS", "Knobs",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "Experience", "FormatReward", "HFGenerateEngine", "HTTPReward",
+    "KL_ESTIMATORS", "Knobs",
     "MathAnswerReward", "POLICY_LOSSES", "PRESETS", "PromptDataModule", "PromptDataset", "RLCallback", "RLModule",
     "Requests", "RewardError", "RewardFunctions", "RolloutEngine", "RolloutOutput", "SamplingConfig",
     "SoftOverlongPunishment", "aggregate_loss", "compute_advantages", "format_reward", "math_answer_reward",

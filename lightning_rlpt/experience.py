@@ -41,7 +41,8 @@ class Experience:
             learner; None when the first update is on-policy and they equal the detached
             current log-probs.
         ref_logprobs: ``[N, C]`` log-probs under the reference policy (None without KL).
-        rewards_per_func: ``[N, F]`` raw score of each reward function.
+        rewards_per_func: ``[N, F]`` raw score of each reward function; NaN where it returned None
+            ("does not apply to this sample", docs/rewards.md).
         scores: ``[N]`` the weighted sum of ``rewards_per_func`` as scored: what success, pass
             rates and filters read. Callbacks leave it alone.
         rewards: ``[N]`` the reward advantages are computed from: ``scores`` plus any

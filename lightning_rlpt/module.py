@@ -26,7 +26,7 @@ from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .model.weights import policy_weights
 from .optim import build_optimizer, build_scheduler, default_optimizer
-from .rewards import RewardFunctions
+from .rewards import RewardFunctions, TrainerState
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
 from .stages.experience import MakeExperience
 from .stages.timing import StepTimer
@@ -53,6 +53,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         advantage_kwargs / policy_loss_kwargs: extra options for the selected functions.
         reward_weights: one weight per reward function.
         reward_on_error: ``raise`` or ``zero`` (score failing samples 0, count them).
+        reward_timeout: seconds each reward call may take (sync, async or remote), None for no
+            limit (the default, as TRL); an overrun is handled per ``reward_on_error``. See docs/rewards.md.
         tokenizer: a tokenizer or path (default: from ``model``).
         lora: a ``peft.LoraConfig`` or dict of its arguments; None trains all weights.
         quantization: ``"nf4"``/``"fp4"`` loads the base in 4 bits (QLoRA; needs ``lora``).
@@ -131,6 +133,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         policy_loss_kwargs: dict[str, Any] | None = None,
         reward_weights: Sequence[float] | None = None,
         reward_on_error: str = "raise",
+        reward_timeout: float | None = None,
         tokenizer: Any = None,
         lora: Any = None,
         quantization: str | None = None,
@@ -194,7 +197,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         self.requests = Requests(rollout_logprobs=rollout_logprobs or self.objective.self_correcting)
         self.advantage_kwargs = dict(advantage_kwargs or {})
         self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
-        self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error)
+        self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error, timeout=reward_timeout)
         self.sampling = SamplingConfig.coerce(generation)
         self.micro_batching.check_fits(1, self.sampling.max_new_tokens)  # even a one-token prompt must fit
         self.val_sampling = SamplingConfig.coerce(
@@ -336,7 +339,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         n = self.hparams.val_samples
         seed = self.hparams.seed * 1_000_003 + batch_idx
         exp, _ = collect.rollout(self.engine, self.tokenizer, batch, n, self.val_sampling, seed, self.device)
-        collect.score(exp, self.rewards)
+        collect.score(exp, self.rewards, TrainerState.of(self._trainer))
         correct = (exp.rewards >= self.hparams.success_threshold).view(-1, n)
         for k, metric in self.val_pass.items():
             metric.update(correct)

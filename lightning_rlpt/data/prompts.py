@@ -100,7 +100,7 @@ class PromptDataset(Dataset):
 
 
 # Filled in by PromptDataset ("prompt", "index") or by the reward call (the rest).
-RESERVED_COLUMNS = ("prompt", "index", "prompts", "completions", "completion_ids")
+RESERVED_COLUMNS = ("prompt", "index", "prompts", "completions", "completion_ids", "trainer_state")
 
 
 def _prompt_column(prompt_column: str, columns: dict[str, str]) -> str:

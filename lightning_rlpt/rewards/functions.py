@@ -1,83 +1,65 @@
-"""Reward functions: TRL's signature ``fn(prompts, completions, **columns) -> list[float]``.
+"""Reward functions: TRL's signature ``fn(prompts, completions, **kwargs) -> list[float | None]``.
 
 `RewardFunctions` calls each function once per rollout, checks what it returns, weights the
-results and counts failures. Per-function scores are logged as ``rewards/<name>/mean`` and
-``rewards/<name>/std``; failures scored 0 as ``rewards/<name>/failures``.
+results and counts failures, with TRL's semantics (see docs/rewards.md):
+
+- ``async def`` functions (and `HTTPReward`) run concurrently with each other, each on a fresh
+  event loop in a daemon thread, started before the sync ones so their waiting overlaps the sync
+  functions' work; sync functions run one after another, as in TRL.
+- A function returns one value per completion; ``None`` means "does not apply to this sample"
+  (multi-task rewards). It is NaN in ``rewards_per_func``, left out of the weighted sum (TRL's
+  ``nansum``) and of ``rewards/<name>/mean``/``std``, and counted in ``rewards/<name>/none_frac``.
+  A sample for which *every* function returns None is an error (TRL 1.16 warns and gives it
+  advantage 0): nothing scored it, so the run stops and names it.
+- ``timeout`` (``RLModule(reward_timeout=...)``) bounds every call; a call that overruns, or a
+  reward service that stays down, is handled per ``on_error`` for every sample of the call.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
-import os
-from typing import Any, Callable, Sequence
+import warnings
+from typing import Any, Sequence
 
 import torch
 
-RewardFn = Callable[..., Sequence[float]]
+from .calling import RewardError, RewardTimeout, RewardUnavailable, call_async, call_sync, in_background
+from .resolve import RewardFn, is_async, resolve_reward, reward_name
+
+__all__ = ["RewardError", "RewardFunctions", "RewardTimeout", "RewardUnavailable", "as_trl_completions",
+           "resolve_reward", "reward_name"]
 
 
-class RewardError(RuntimeError):
-    """A reward function raised or returned something unusable; the message names it."""
-
-
-def reward_name(fn: RewardFn) -> str:
-    return getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None) or type(fn).__name__
-
-
-def resolve_reward(spec: RewardFn | str) -> RewardFn:
-    """A reward function from an import path, so configs can name one.
-
-    Accepts ``"package.module:function"``, ``"package.module.function"`` or
-    ``"path/to/file.py:function"`` (relative to the working directory); callables pass through.
-    The command line puts each ``--config`` file's directory on ``sys.path``, so a config beside
-    ``task.py`` can say ``task:exact_answer``.
+def as_trl_completions(prompts: Sequence[Any], texts: Sequence[str]) -> list[Any]:
+    """Completions as TRL hands them to reward functions: ``[{"role": "assistant", "content": text}]``
+    when the prompts are conversational (lists of messages), the decoded strings otherwise.
 
     Example:
-        >>> resolve_reward("operator:eq").__name__
-        'eq'
+        >>> as_trl_completions([[{"role": "user", "content": "1+1?"}]], ["2"])
+        [[{'role': 'assistant', 'content': '2'}]]
     """
-    if not isinstance(spec, str):
-        return spec
-    module_name, sep, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"reward function {spec!r} is not an import path: write 'package.module:function' "
-                         "or 'path/to/file.py:function'")
-    try:
-        module = _import(module_name)
-    except Exception as err:
-        raise ImportError(f"cannot import {module_name!r} for reward function {spec!r}: {type(err).__name__}: {err}. "
-                          "Check the spelling, install the package, or run from (or put on PYTHONPATH) the directory "
-                          "that holds it; a config file's own directory is added automatically") from err
-    if not hasattr(module, attr):
-        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(getattr(module, n)))
-        raise ImportError(f"{module_name!r} has no reward function {attr!r} (for {spec!r}); "
-                          f"its callables are {public[:20]}")
-    return getattr(module, attr)
-
-
-def _import(name: str):
-    if name.endswith(".py"):  # a file path: import it under its stem
-        if not os.path.exists(name):
-            raise FileNotFoundError(f"no file {os.path.abspath(name)!r}")
-        spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(name))[0], name)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    return importlib.import_module(name)
+    conversational = bool(prompts) and isinstance(prompts[0], list) and all(isinstance(m, dict) for m in prompts[0])
+    return [[{"role": "assistant", "content": t}] for t in texts] if conversational else list(texts)
 
 
 class RewardFunctions:
     """Several reward functions with weights.
 
     Args:
-        funcs: callables ``fn(prompts, completions, **columns) -> list[float]``, or import
-            paths to them (see `resolve_reward`); extra dataset columns arrive as keyword lists
-            aligned with ``completions``, plus ``completion_ids``. Accept ``**kwargs`` to ignore
-            the ones you do not use.
+        funcs: callables ``fn(prompts, completions, **kwargs) -> list[float | None]`` (sync or
+            ``async def``), or import paths to them (see `resolve_reward`). Keyword arguments are
+            TRL's: ``completion_ids``, ``trainer_state`` and every dataset column, as lists aligned
+            with ``completions``. Accept ``**kwargs`` to ignore the ones you do not use.
         weights: one weight per function (default all 1).
-        on_error: ``"raise"`` stops the run naming the function and the first failing
-            sample; ``"zero"`` scores failing samples 0 and counts them.
+        on_error: ``"raise"`` stops the run naming the function and the first failing sample (or
+            the timeout); ``"zero"`` scores failing samples 0 and counts them in
+            ``rewards/<name>/failures`` (a call that times out or whose service is down: all its
+            samples). Returning wrong counts, non-numbers, NaN or inf is always an error.
+        timeout: seconds each call of a function may take, or None (the default, as TRL: no
+            limit; sync functions then run in the caller's thread, where ``math_verify``'s own
+            ``signal.alarm`` timeouts work). With a limit, sync functions run in a daemon thread
+            that is abandoned, still running, when it overruns; coroutines are cancelled. A batch
+            call that raises is retried sample by sample to name the failing one, each retry
+            under the same limit.
 
     Example:
         >>> def exact(prompts, completions, answer, **_): return [float(c == a) for c, a in zip(completions, answer)]
@@ -87,7 +69,7 @@ class RewardFunctions:
     """
 
     def __init__(self, funcs: Sequence[RewardFn] | RewardFn, weights: Sequence[float] | None = None,
-                 on_error: str = "raise"):
+                 on_error: str = "raise", timeout: float | None = None):
         funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
         funcs = [resolve_reward(fn) for fn in funcs]
         if not funcs:
@@ -99,9 +81,11 @@ class RewardFunctions:
             raise ValueError(f"got {len(weights)} reward_weights for {len(funcs)} reward_funcs; give one weight per function")
         if on_error not in ("raise", "zero"):
             raise ValueError(f"on_error must be 'raise' or 'zero' (got {on_error!r})")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"reward_timeout must be > 0 seconds, or None for no limit (got {timeout!r})")
         self.funcs = funcs
         self.weights = torch.tensor(list(weights) if weights is not None else [1.0] * len(funcs))
-        self.on_error = on_error
+        self.on_error, self.timeout = on_error, timeout
         self.names = self._unique_names(funcs)
 
     @staticmethod
@@ -115,39 +99,60 @@ class RewardFunctions:
             names.append(name)
         return names
 
-    def __call__(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]],
+    def __call__(self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]],
                  **extra: Any) -> tuple[torch.Tensor, dict[str, int]]:
-        """Scores ``[N, F]`` and failures per function name."""
-        scores, failures = [], {}
-        for fn, name in zip(self.funcs, self.names):
-            values, failed = self._score(fn, name, prompts, completions, {**columns, **extra})
-            scores.append(values)
-            failures[name] = failed
-        return torch.stack(scores, dim=1), failures
+        """Scores ``[N, F]`` (NaN where a function returned None) and failures per function name."""
+        kwargs = {**columns, **extra}
+        jobs = {j: in_background(lambda fn=fn, name=name: self._score(fn, name, prompts, completions, kwargs))
+                for j, (fn, name) in enumerate(zip(self.funcs, self.names)) if is_async(fn)}
+        results = [None if j in jobs else self._score(fn, name, prompts, completions, kwargs)
+                   for j, (fn, name) in enumerate(zip(self.funcs, self.names))]
+        for j, job in jobs.items():  # each call inside is bounded by the timeout (when set): so is this wait
+            results[j] = job.result()
+        scores = torch.stack([values for values, _ in results], dim=1)
+        self._check_some_apply(scores, prompts, completions)
+        return scores, {name: failed for name, (_, failed) in zip(self.names, results)}
 
     def combine(self, scores: torch.Tensor) -> torch.Tensor:
-        return scores @ self.weights.to(scores)
+        """The weighted sum over functions, skipping None (NaN) entries as TRL's ``nansum`` does."""
+        return torch.nansum(scores * self.weights.to(scores), dim=1)
+
+    # ---------------------------------------------------------------- one function
+    def _call(self, fn: RewardFn, kwargs: dict[str, Any]) -> Any:
+        return (call_async if is_async(fn) else call_sync)(fn, kwargs, self.timeout)
 
     def _score(self, fn, name, prompts, completions, kwargs) -> tuple[torch.Tensor, int]:
+        n = len(completions)
         try:
-            values = self._check(name, fn(prompts=prompts, completions=completions, **kwargs), len(completions))
-            return values, 0
+            return self._check(name, self._call(fn, dict(prompts=prompts, completions=completions, **kwargs)), n), 0
+        except RewardUnavailable as err:  # a timeout or a service that is down: per sample would not help
+            return self._unavailable(name, err, n)
         except RewardError:
             raise
         except Exception as err:  # find which sample breaks it, then raise or score it 0
             return self._score_one_by_one(fn, name, prompts, completions, kwargs, err)
+
+    def _unavailable(self, name: str, err: RewardUnavailable, n: int) -> tuple[torch.Tensor, int]:
+        what = f"reward function {name!r} failed on a batch of {n} completions: {err}"
+        if self.on_error == "raise":
+            fix = "Raise reward_timeout or make the function faster, or pass" if isinstance(err, RewardTimeout) else "Or pass"
+            raise RewardError(f"{what}. {fix} reward_on_error='zero' to score such calls 0 and count them in "
+                              f"rewards/{name}/failures") from err
+        warnings.warn(f"{what}; all {n} scored 0 and counted in rewards/{name}/failures", stacklevel=2)
+        return torch.zeros(n), n
 
     def _score_one_by_one(self, fn, name, prompts, completions, kwargs, batch_err):
         values, failed = [], 0
         for i in range(len(completions)):
             one = {k: v[i:i + 1] if isinstance(v, (list, torch.Tensor)) else v for k, v in kwargs.items()}
             try:
-                values.append(float(self._check(name, fn(prompts=prompts[i:i + 1], completions=completions[i:i + 1], **one), 1)[0]))
+                out = self._call(fn, dict(prompts=prompts[i:i + 1], completions=completions[i:i + 1], **one))
+                values.append(float(self._check(name, out, 1)[0]))
             except Exception as err:
                 if self.on_error == "raise":
                     raise RewardError(
                         f"reward function {name!r} raised {type(err).__name__}: {err} on sample {i} "
-                        f"(prompt {prompts[i]!r}, completion {completions[i]!r}). Fix the function, or pass "
+                        f"(prompt {_short(prompts[i])}, completion {_short(completions[i])}). Fix the function, or pass "
                         f"reward_on_error='zero' to score such samples 0 and count them in rewards/{name}/failures"
                     ) from err
                 values.append(0.0)
@@ -157,16 +162,39 @@ class RewardFunctions:
                               f"on a batch of {len(completions)} completions") from batch_err
         return torch.tensor(values), failed
 
-    def _check(self, name: str, values: Any, n: int) -> torch.Tensor:
+    # ---------------------------------------------------------------- checks
+    @staticmethod
+    def _check(name: str, values: Any, n: int) -> torch.Tensor:
+        """One float per completion, NaN for None; anything else unusable is a `RewardError`."""
         try:
-            values = [float("nan") if v is None else float(v) for v in values]
+            items = list(values) if not isinstance(values, (str, bytes)) else [values]
+            if any(isinstance(v, (str, bytes)) for v in items):
+                raise TypeError("strings are not rewards")
+            floats = [None if v is None else float(v) for v in items]
         except (TypeError, ValueError) as err:
-            raise RewardError(f"reward function {name!r} must return a list of numbers, got {values!r:.200}") from err
-        if len(values) != n:
-            raise RewardError(f"reward function {name!r} returned {len(values)} values for {n} completions; "
+            raise RewardError(f"reward function {name!r} must return a list of numbers (None where it does not "
+                              f"apply), got {values!r:.200}") from err
+        if len(floats) != n:
+            raise RewardError(f"reward function {name!r} returned {len(floats)} values for {n} completions; "
                               f"return exactly one float per completion")
-        bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+        bad = [i for i, v in enumerate(floats) if v is not None and not math.isfinite(v)]
         if bad:
-            raise RewardError(f"reward function {name!r} returned a non-finite value ({values[bad[0]]}) for sample "
-                              f"{bad[0]} ({len(bad)} such samples); return finite floats (e.g. 0.0 for a failure)")
-        return torch.tensor(values, dtype=torch.float32)
+            raise RewardError(f"reward function {name!r} returned a non-finite value ({floats[bad[0]]}) for sample "
+                              f"{bad[0]} ({len(bad)} such samples); return finite floats (e.g. 0.0 for a failure), "
+                              "or None where the reward does not apply to a sample")
+        return torch.tensor([math.nan if v is None else v for v in floats], dtype=torch.float32)
+
+    def _check_some_apply(self, scores: torch.Tensor, prompts: list[Any], completions: list[Any]) -> None:
+        """TRL warns when every function returned None for a sample; here it is an error."""
+        unscored = torch.isnan(scores).all(dim=1).nonzero().flatten().tolist()
+        if unscored:
+            i = unscored[0]
+            raise RewardError(
+                f"every reward function ({', '.join(self.names)}) returned None for sample {i} (prompt {_short(prompts[i])}, "
+                f"completion {_short(completions[i])}; {len(unscored)} such samples): nothing scored it. Make one "
+                "function score every kind of sample (a fallback reward), or leave such prompts out of the dataset")
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "...'"

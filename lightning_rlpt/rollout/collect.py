@@ -7,7 +7,7 @@ import torch
 
 from ..experience import Experience
 from ..padding import left_pad, right_pad
-from ..rewards import RewardFunctions
+from ..rewards import RewardFunctions, as_trl_completions
 from .engine import RolloutEngine, RolloutOutput
 from .sampling import SamplingConfig
 
@@ -91,10 +91,21 @@ def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: A
     return exp.to(device)
 
 
-def score(exp: Experience, rewards: RewardFunctions) -> dict[str, int]:
-    """Fill ``rewards_per_func``, ``scores`` and ``rewards``; return failures per function."""
+def score(exp: Experience, rewards: RewardFunctions, trainer_state: Any = None) -> dict[str, int]:
+    """Fill ``rewards_per_func`` (NaN where a function returned None), ``scores`` (their weighted
+    sum over the functions that apply) and ``rewards``; return failures per function.
+
+    The functions get what TRL's ``GRPOTrainer`` passes: ``prompts`` as given, ``completions``
+    as messages (``[{"role": "assistant", "content": text}]``) when the prompts are
+    conversational and as strings otherwise, ``completion_ids`` (EOS kept when sampled),
+    ``trainer_state`` (when given) and every dataset column.
+    """
     ids = [row[m.bool()].tolist() for row, m in zip(exp.completion_ids.cpu(), exp.completion_mask.cpu())]
-    per_func, failures = rewards(exp.prompts, exp.completions, exp.columns, completion_ids=ids)
+    extra: dict[str, Any] = {"completion_ids": ids}
+    if trainer_state is not None:
+        extra["trainer_state"] = trainer_state
+    completions = as_trl_completions(exp.prompts, exp.completions)
+    per_func, failures = rewards(exp.prompts, completions, exp.columns, **extra)
     exp.rewards_per_func = per_func.to(exp.completion_ids.device)
     exp.scores = rewards.combine(exp.rewards_per_func)
     exp.rewards = exp.scores.clone()
@@ -103,7 +114,12 @@ def score(exp: Experience, rewards: RewardFunctions) -> dict[str, int]:
 
 def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,
                     group_size: int, names: list[str], failures: torch.Tensor) -> dict[str, float]:
-    """TRL's names for what a rollout looked like (pass tensors gathered from every rank)."""
+    """TRL's names for what a rollout looked like (pass tensors gathered from every rank).
+
+    Per function: ``rewards/<name>/mean`` and ``std`` over the samples it applies to (not None,
+    as TRL's ``nanmean``/``nanstd``; left out when it applied to none), ``none_frac`` (the share
+    of samples it returned None for) and ``failures`` (samples scored 0 under
+    ``reward_on_error="zero"``)."""
     group_std = rewards.view(-1, group_size).std(dim=1)
     lengths = lengths.float()
     out = {
@@ -117,7 +133,10 @@ def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torc
     }
     for j, name in enumerate(names):
         col = per_func[:, j]
-        out[f"rewards/{name}/mean"] = col.mean().item()
-        out[f"rewards/{name}/std"] = col.std().item() if len(col) > 1 else 0.0
+        applied = col[~torch.isnan(col)]
+        if len(applied):
+            out[f"rewards/{name}/mean"] = applied.mean().item()
+            out[f"rewards/{name}/std"] = applied.std().item() if len(applied) > 1 else 0.0
+        out[f"rewards/{name}/none_frac"] = 1.0 - len(applied) / max(len(col), 1)
         out[f"rewards/{name}/failures"] = float(failures[j])
     return out

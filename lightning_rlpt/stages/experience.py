@@ -15,6 +15,7 @@ from ..hooks import call_hook
 from ..model.loading import reference_context
 from ..model.logprobs import completion_logprobs
 from ..model.reference import onloaded
+from ..rewards import TrainerState
 from ..rollout import collect
 
 
@@ -43,7 +44,7 @@ class MakeExperience:
         exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
         exp = call_hook(self.trainer, self, "on_rollout_end", exp)
         with self.timer("rewards"):
-            failures = collect.score(exp, self.rewards)
+            failures = collect.score(exp, self.rewards, TrainerState.of(self._trainer))
         return exp, failures, cut
 
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
