@@ -7,8 +7,8 @@ from .experience import Experience
 from .hooks import RLCallback
 from .knobs import Knobs, Requests
 from .module import RLModule
-from .rewards import (FormatReward, MathAnswerReward, RewardError, RewardFunctions, SoftOverlongPunishment,
-                      format_reward, math_answer_reward, soft_overlong_punishment)
+from .rewards import (FormatReward, MathAnswerReward, RewardError, RewardFunctions, RewardModel,
+                      SoftOverlongPunishment, format_reward, math_answer_reward, soft_overlong_punishment)
 from .rollout import HFGenerateEngine, RolloutEngine, RolloutOutput, SamplingConfig
 
 __version__ = "0.1.0"
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "Experience", "FormatReward", "HFGenerateEngine", "KL_ESTIMATORS", "Knobs",
     "MathAnswerReward", "POLICY_LOSSES", "PRESETS", "PromptDataModule", "PromptDataset", "RLCallback", "RLModule",
-    "Requests", "RewardError", "RewardFunctions", "RolloutEngine", "RolloutOutput", "SamplingConfig",
+    "Requests", "RewardError", "RewardFunctions", "RewardModel", "RolloutEngine", "RolloutOutput", "SamplingConfig",
     "SoftOverlongPunishment", "aggregate_loss", "compute_advantages", "format_reward", "math_answer_reward",
     "soft_overlong_punishment",
 ]

@@ -258,6 +258,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     def configure_model(self) -> None:
         """Check the precision; under ``ModelParallelStrategy``, shard the policy (and a full-FT reference) with FSDP2."""
         check_precision(self._trainer, self.policy, self.hparams.lr)
+        self.rewards.to(self._trainer.strategy.root_device)  # reward models: outside the module tree, a full copy per rank
         if is_model_parallel(self._trainer) and not getattr(self, "_sharded", False):
             mesh = self.device_mesh["data_parallel"]
             shard_with_fsdp2(self.policy, mesh)

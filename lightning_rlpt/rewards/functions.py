@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .model import RewardModel, looks_like_reward_model
+
 RewardFn = Callable[..., Sequence[float]]
 
 
@@ -26,17 +28,20 @@ def reward_name(fn: RewardFn) -> str:
 
 
 def resolve_reward(spec: RewardFn | str) -> RewardFn:
-    """A reward function from an import path, so configs can name one.
+    """A reward function from an import path, so configs can name one; a reward model from a path.
 
     Accepts ``"package.module:function"``, ``"package.module.function"`` or
     ``"path/to/file.py:function"`` (relative to the working directory); callables pass through.
     The command line puts each ``--config`` file's directory on ``sys.path``, so a config beside
-    ``task.py`` can say ``task:exact_answer``.
+    ``task.py`` can say ``task:exact_answer``. An ``nn.Module``, a model directory or a hub id
+    (``org/name``) becomes a `RewardModel` (see `looks_like_reward_model`).
 
     Example:
         >>> resolve_reward("operator:eq").__name__
         'eq'
     """
+    if looks_like_reward_model(spec):  # a module, a model directory or a hub id: see rewards/model.py
+        return RewardModel(spec)
     if not isinstance(spec, str):
         return spec
     module_name, sep, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
@@ -74,7 +79,8 @@ class RewardFunctions:
         funcs: callables ``fn(prompts, completions, **columns) -> list[float]``, or import
             paths to them (see `resolve_reward`); extra dataset columns arrive as keyword lists
             aligned with ``completions``, plus ``completion_ids``. Accept ``**kwargs`` to ignore
-            the ones you do not use.
+            the ones you do not use. Reward models (a `RewardModel`, a sequence-classification
+            ``nn.Module``, a model directory or a hub id) score too; see docs/reward_models.md.
         weights: one weight per function (default all 1).
         on_error: ``"raise"`` stops the run naming the function and the first failing
             sample; ``"zero"`` scores failing samples 0 and counts them.
@@ -124,6 +130,13 @@ class RewardFunctions:
             scores.append(values)
             failures[name] = failed
         return torch.stack(scores, dim=1), failures
+
+    def to(self, device: torch.device | str) -> "RewardFunctions":
+        """Move the reward models among the functions to ``device`` (the module calls it in ``configure_model``)."""
+        for fn in self.funcs:
+            if isinstance(fn, RewardModel):
+                fn.to(device)
+        return self
 
     def combine(self, scores: torch.Tensor) -> torch.Tensor:
         return scores @ self.weights.to(scores)
