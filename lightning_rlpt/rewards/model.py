@@ -110,8 +110,8 @@ class RewardModel:
         if isinstance(prompt, str):
             return prompt + (completion if isinstance(completion, str) else _content(completion))
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(f"reward model {self.__name__!r} got a conversational prompt but its tokenizer has no chat "
-                             "template: set tokenizer.chat_template (a Jinja string) on the reward tokenizer, or give "
+            raise ValueError(f"reward model {self.__name__!r} got a conversational prompt but its tokenizer has "
+                             "no chat template: set tokenizer.chat_template (a Jinja string) on the reward tokenizer, or give "
                              "string prompts")
         reply = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion)
         return self.tokenizer.apply_chat_template(list(prompt) + reply, tokenize=False)
@@ -136,7 +136,8 @@ class RewardModel:
     def _ids(self, text: str) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
-            raise ValueError(f"reward model {self.__name__!r} got an empty text (prompt and completion both empty)")
+            raise ValueError(f"reward model {self.__name__!r} got an empty text (prompt and completion both "
+                             "empty): it has no token to read a score at")
         if self.max_length is not None:
             return ids[-self.max_length:]
         limit = getattr(self.model.config, "max_position_embeddings", None)

@@ -157,10 +157,10 @@ def mean_reward_rise(policy_dir: str, reward: str, lr: float, steps: int = 12, k
 @pytest.mark.slow
 def test_policy_learns_what_the_reward_model_prefers(llama_dir, seven_rm):
     """A random policy ends ~7% of its completions in "7"; trained against the hand-set model it
-    ends most of them there (measured: first 3 steps 0.17, last 3 0.76). The same run at lr 1e-9
-    shows that sampling noise alone does not pass the margin (measured rise 0.01)."""
-    assert mean_reward_rise(llama_dir, seven_rm, lr=1e-3) > 0.4
-    assert abs(mean_reward_rise(llama_dir, seven_rm, lr=1e-9)) < 0.15
+    ends most of them there (measured: 17% over the first 3 steps, 76% over the last 3). The same
+    run at lr 1e-9 shows that sampling noise alone does not pass the margin (6% → 11%)."""
+    assert mean_reward_rise(llama_dir, seven_rm, lr=1e-3) / PREFERENCE > 0.4
+    assert abs(mean_reward_rise(llama_dir, seven_rm, lr=1e-9)) / PREFERENCE < 0.15
 
 
 def test_reward_model_is_frozen_placed_and_outside_optimizer_and_checkpoint(llama_dir, seven_rm, tmp_path):
@@ -237,3 +237,40 @@ def test_text_longer_than_the_model_names_max_length(random_rm):
                                          r"RewardModel\(\.\.\., max_length=64\)"):
         RewardModel(random_rm)(["1" * 60], ["2" * 10])
 
+
+def test_empty_text_is_refused(random_rm):
+    with pytest.raises(ValueError, match=r"got an empty text .*no token to read a score at"):
+        RewardModel(random_rm)([""], [""])
+
+
+
+def test_command_line_config_names_reward_models_by_path_and_class_path(llama_dir, seven_rm, tmp_path):
+    """A YAML ``reward_funcs`` list: a directory string and a ``class_path`` with options, beside a
+    function; a 1-step fit logs each by name."""
+    import json
+
+    import yaml
+
+    from lightning_rlpt.cli import main
+    from resume_utils import read_rows
+
+    train, _ = task.split_pairs()
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in task.rows(train[:8])))
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path)}}
+    with_options = {"class_path": "lightning_rlpt.RewardModel", "init_args": {"model": seven_rm, "batch_size": 1}}
+    config = {
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": 1, "log_every_n_steps": 1, "logger": logger,
+                    "enable_progress_bar": False, "enable_checkpointing": False, "enable_model_summary": False,
+                    "default_root_dir": str(tmp_path)},
+        "model": {"model": llama_dir, "group_size": 2, "kl_coef": 0.0,
+                  "generation": {"max_new_tokens": 4, "max_prompt_length": 8},
+                  "reward_funcs": [seven_rm, with_options, "tiny_task:exact_answer"]},
+        "data": {"data": str(rows), "batch_size": 2},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["fit", "--config", str(tmp_path / "config.yaml")]) == 0
+    (metrics,) = read_rows(str(tmp_path)).values()
+    name = os.path.basename(seven_rm)
+    assert metrics[f"rewards/{name}/mean"] == metrics[f"rewards/{name}_1/mean"]
+    assert "rewards/exact_answer/mean" in metrics

@@ -127,7 +127,8 @@ def save_weights(trainer, module, out: str) -> None:
 
 def save_reward_model_facts(trainer, module, out: str) -> None:
     params = list(module.rewards.funcs[0].model.parameters())
-    facts = {"devices": sorted({str(p.device) for p in params}), "dtensor": any(hasattr(p, "full_tensor") for p in params),
+    facts = {"devices": sorted({str(p.device) for p in params}),
+             "dtensor": any(hasattr(p, "full_tensor") for p in params),
              "trainable": any(p.requires_grad for p in params), "numel": sum(p.numel() for p in params),
              "sum": sum(float(p.double().sum()) for p in params), "module_device": str(module.device),
              "in_state_dict": any(t.data_ptr() in {p.data_ptr() for p in params}
