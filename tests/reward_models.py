@@ -25,11 +25,12 @@ def build_reward_tokenizer(pad: bool = True) -> PreTrainedTokenizerFast:
 
 
 def build_reward_model(seed: int = 0, num_labels: int = 1) -> LlamaForSequenceClassification:
-    """2 layers × 128, head_dim 64, randomly initialised (every token of the text moves its score)."""
+    """2 layers × 128, head_dim 64, randomly initialised (every token of the text moves its score).
+    Its config has no ``pad_token_id``: `RewardModel` sets it from the tokenizer."""
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(VOCAB), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=64,
-                         num_labels=num_labels, pad_token_id=0)
+                         num_labels=num_labels)  # no pad_token_id, as many released reward models
     return LlamaForSequenceClassification(config)
 
 

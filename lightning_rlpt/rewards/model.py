@@ -111,8 +111,8 @@ class RewardModel:
             return prompt + (completion if isinstance(completion, str) else _content(completion))
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"reward model {self.__name__!r} got a conversational prompt but its tokenizer has "
-                             "no chat template: set tokenizer.chat_template (a Jinja string) on the reward tokenizer, or give "
-                             "string prompts")
+                             "no chat template: set tokenizer.chat_template (a Jinja string) on the reward "
+                             "tokenizer, or give string prompts")
         reply = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else list(completion)
         return self.tokenizer.apply_chat_template(list(prompt) + reply, tokenize=False)
 
