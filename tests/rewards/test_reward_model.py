@@ -154,7 +154,6 @@ def mean_reward_rise(policy_dir: str, reward: str, lr: float, steps: int = 12, k
     return sum(r[-k:]) / k - sum(r[:k]) / k
 
 
-@pytest.mark.slow
 def test_policy_learns_what_the_reward_model_prefers(llama_dir, seven_rm):
     """A random policy ends ~7% of its completions in "7"; trained against the hand-set model it
     ends most of them there (measured: 17% over the first 3 steps, 76% over the last 3). The same
