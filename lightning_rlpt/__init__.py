@@ -8,7 +8,7 @@ from .hooks import RLCallback
 from .knobs import Knobs, Requests
 from .module import RLModule
 from .rewards import (CodeExecutionReward, FormatReward, HTTPReward, LengthPenalty, MathAnswerReward, RewardError,
-                      RewardFunctions, SoftOverlongPunishment, format_reward, math_answer_reward,
+                      RewardFunctions, RewardModel, SoftOverlongPunishment, format_reward, math_answer_reward,
                       soft_overlong_punishment, think_format_reward)
 from .rollout import HFGenerateEngine, RolloutEngine, RolloutOutput, SamplingConfig
 
@@ -18,7 +18,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "Experience", "FormatReward", "HFGenerateEngine", "HTTPReward",
     "KL_ESTIMATORS", "Knobs",
     "MathAnswerReward", "POLICY_LOSSES", "PRESETS", "PromptDataModule", "PromptDataset", "RLCallback", "RLModule",
-    "Requests", "RewardError", "RewardFunctions", "RolloutEngine", "RolloutOutput", "SamplingConfig",
+    "Requests", "RewardError", "RewardFunctions", "RewardModel", "RolloutEngine", "RolloutOutput", "SamplingConfig",
     "SoftOverlongPunishment", "aggregate_loss", "compute_advantages", "format_reward", "math_answer_reward",
     "soft_overlong_punishment", "CodeExecutionReward", "LengthPenalty", "think_format_reward",
 ]

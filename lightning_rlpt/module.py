@@ -297,6 +297,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     def configure_model(self) -> None:
         """Check the precision; under ``ModelParallelStrategy``, shard the policy (and a full-FT reference) with FSDP2."""
         refuse_fp16_on_cpu(self._trainer)
+        self.rewards.to(self._trainer.strategy.root_device)  # reward models: outside the module tree, a full copy per rank
         if is_model_parallel(self._trainer) and not getattr(self, "_sharded", False):
             mesh = self.device_mesh["data_parallel"]
             shard_with_fsdp2(self.policy, mesh)

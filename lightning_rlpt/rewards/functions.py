@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from .calling import RewardError, RewardTimeout, RewardUnavailable, call_async, call_sync, in_background
+from .model import RewardModel
 from .resolve import RewardFn, is_async, resolve_reward, reward_name
 
 __all__ = ["RewardError", "RewardFunctions", "RewardTimeout", "RewardUnavailable", "as_trl_completions",
@@ -48,7 +49,9 @@ class RewardFunctions:
         funcs: callables ``fn(prompts, completions, **kwargs) -> list[float | None]`` (sync or
             ``async def``), or import paths to them (see `resolve_reward`). Keyword arguments are
             TRL's: ``completion_ids``, ``trainer_state`` and every dataset column, as lists aligned
-            with ``completions``. Accept ``**kwargs`` to ignore the ones you do not use.
+            with ``completions``. Accept ``**kwargs`` to ignore the ones you do not use. Reward
+            models (a `RewardModel`, a sequence-classification ``nn.Module``, a model directory or
+            a hub id) score too; see docs/reward_models.md.
         weights: one weight per function (default all 1).
         on_error: ``"raise"`` stops the run naming the function and the first failing sample (or
             the timeout); ``"zero"`` scores failing samples 0 and counts them in
@@ -112,6 +115,13 @@ class RewardFunctions:
         scores = torch.stack([values for values, _ in results], dim=1)
         self._check_some_apply(scores, prompts, completions)
         return scores, {name: failed for name, (_, failed) in zip(self.names, results)}
+
+    def to(self, device: torch.device | str) -> "RewardFunctions":
+        """Move the reward models among the functions to ``device`` (the module calls it in ``configure_model``)."""
+        for fn in self.funcs:
+            if isinstance(fn, RewardModel):
+                fn.to(device)
+        return self
 
     def combine(self, scores: torch.Tensor) -> torch.Tensor:
         """The weighted sum over functions, skipping None (NaN) entries as TRL's ``nansum`` does."""

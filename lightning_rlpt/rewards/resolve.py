@@ -7,6 +7,8 @@ import inspect
 import os
 from typing import Any, Callable, Sequence
 
+from .model import RewardModel, looks_like_reward_model
+
 RewardFn = Callable[..., Sequence[float | None]]
 
 
@@ -34,12 +36,13 @@ def is_async(fn: Any) -> bool:
 
 
 def resolve_reward(spec: RewardFn | str) -> RewardFn:
-    """A reward function from an import path, so configs can name one.
+    """A reward function from an import path, so configs can name one; a reward model from a path.
 
     Accepts ``"package.module:function"``, ``"package.module.function"`` or
     ``"path/to/file.py:function"`` (relative to the working directory); callables pass through.
     The command line puts each ``--config`` file's directory on ``sys.path``, so a config beside
-    ``task.py`` can say ``task:exact_answer``.
+    ``task.py`` can say ``task:exact_answer``. An ``nn.Module``, a model directory or a hub id
+    (``org/name``) becomes a `RewardModel` (see `looks_like_reward_model`).
 
     Args:
         spec: a callable, or an import path to one.
@@ -48,6 +51,8 @@ def resolve_reward(spec: RewardFn | str) -> RewardFn:
         >>> resolve_reward("operator:eq").__name__
         'eq'
     """
+    if looks_like_reward_model(spec):  # a module, a model directory or a hub id: see rewards/model.py
+        return RewardModel(spec)
     if not isinstance(spec, str):
         return spec
     module_name, sep, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")

@@ -128,3 +128,37 @@ def test_ddp_ranks_draw_their_own_noise_and_refills_and_resume_them_exactly(tmp_
         assert s0 == s1 and not set(rows0) & set(rows1), f"step {s0}: the ranks rolled out the same prompts"
         refills += 1
     assert refills > 3, "no refill happened: the test would not check the refill stream"
+
+
+@pytest.fixture(scope="module")
+def prefers_seven(tmp_path_factory) -> str:
+    from reward_models import build_prefers_seven, save
+    return save(build_prefers_seven(), tmp_path_factory.mktemp("prefers_seven"))
+
+
+@pytest.fixture(scope="module")
+def single_with_reward_model(prefers_seven, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single_rm")
+    return _run("single", out, "--reward-model", prefers_seven), json.load(open(out / "reward_model_rank0.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_reward_model_is_a_full_frozen_copy_on_each_rank(strategy, prefers_seven, single_with_reward_model, tmp_path):
+    """A reward model in ``reward_funcs`` under DDP / FSDP2: each rank scores with its own whole,
+    frozen copy (never sharded, never in the module's state), and two ranks train like one
+    process on the same prompts."""
+    one, whole = single_with_reward_model
+    two = _run(strategy, tmp_path / strategy, "--reward-model", prefers_seven)
+    assert len(one[0]) == len(two[0]) == 3
+    for step, (a, b) in enumerate(zip(one[0], two[0])):
+        assert a.keys() == b.keys() and f"rewards/{os.path.basename(prefers_seven)}/mean" in a
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), f"step {step} {key}: {a[key]} vs {b[key]}"
+    for key in one[1]:
+        assert torch.allclose(two[1][key], one[1][key], atol=1e-5), key
+    facts = [json.load(open(tmp_path / strategy / f"reward_model_rank{r}.json")) for r in (0, 1)]
+    for f in facts:
+        assert f == whole  # the same parameters, every one of them, as the single process holds
+        assert f["devices"] == [f["module_device"]] and not f["dtensor"] and not f["trainable"]
+        assert not f["in_state_dict"]

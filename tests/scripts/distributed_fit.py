@@ -15,6 +15,11 @@ With ``--streams`` it adds `RewardDithering` and `CurriculumSampler(dynamic_filt
 on a task where half the prompts always score 0 (so refills happen) and writes, per rank,
 ``streams_rank{r}.json``: the dataset rows of every rollout (sampled batch, then refills) and
 the dithering noise of every training batch.
+
+With ``--reward-model DIR`` the reward is that reward model (instead of the exact answer) and
+each rank writes ``reward_model_rank{r}.json``: what it holds of the reward model (device,
+DTensor or full tensors, trainable or not, parameter count and sum, whether any of it is in the
+module's state_dict).
 """
 import json
 import argparse
@@ -68,6 +73,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_micro_batch")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--top-entropy-quantile", type=float, default=1.0)
+    p.add_argument("--reward-model", default=None, help="a reward model directory, scored instead of the answer")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.resume_at is None:
@@ -81,6 +87,8 @@ def main() -> None:
     save_weights(trainer, module, args.out)
     with open(os.path.join(args.out, f"layer_forwards_rank{trainer.global_rank}.json"), "w") as f:
         json.dump(module.grad_forwards[0], f)  # of the last fit (after --resume-at: the resumed part)
+    if args.reward_model:
+        save_reward_model_facts(trainer, module, args.out)
     if args.streams:
         with open(os.path.join(args.out, f"streams_rank{trainer.global_rank}.json"), "w") as f:
             json.dump(RECORD, f)
@@ -91,7 +99,7 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
     strategy = {"single": "auto", "ddp": "ddp",
                 "fsdp2": L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}[args.strategy]
     module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"),
-                      reward_funcs=[half_constant if args.streams else task.exact_answer], group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
+                      reward_funcs=[args.reward_model or (half_constant if args.streams else task.exact_answer)], group_size=4, kl_coef=args.kl_coef, lr=1e-4, seed=3, seed_per_prompt=True,
                       generation=dict(max_new_tokens=4, max_prompt_length=8),
                       micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens,
                       gradient_checkpointing=args.gradient_checkpointing,
@@ -127,6 +135,18 @@ def save_weights(trainer, module, out: str) -> None:
     if trainer.global_rank == 0:
         torch.save(state, os.path.join(out, "weights.pt"))
     torch.save(state, os.path.join(out, f"weights_rank{trainer.global_rank}.pt"))
+
+
+def save_reward_model_facts(trainer, module, out: str) -> None:
+    params = list(module.rewards.funcs[0].model.parameters())
+    facts = {"devices": sorted({str(p.device) for p in params}),
+             "dtensor": any(hasattr(p, "full_tensor") for p in params),
+             "trainable": any(p.requires_grad for p in params), "numel": sum(p.numel() for p in params),
+             "sum": sum(float(p.double().sum()) for p in params), "module_device": str(module.device),
+             "in_state_dict": any(t.data_ptr() in {p.data_ptr() for p in params}
+                                  for t in module.state_dict().values() if not hasattr(t, "full_tensor"))}
+    with open(os.path.join(out, f"reward_model_rank{trainer.global_rank}.json"), "w") as f:
+        json.dump(facts, f)
 
 
 if __name__ == "__main__":
