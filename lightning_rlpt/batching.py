@@ -3,7 +3,9 @@ mini-batch, micro-batches (one forward/backward each, gradients accumulated).
 
 A micro-batch holds at most ``micro_batch_size`` sequences and at most
 ``max_tokens_per_micro_batch`` tokens *as padded*: rows × (its longest prompt + its longest
-completion), since each micro-batch is trimmed to its own widths (`Experience.trim`). Rows are
+completion), since each micro-batch is trimmed to its own widths (`Experience.trim`). With
+``padding_free`` (one packed row per forward, `model.logprobs.pack`) the budget counts real
+tokens: the sum of the rows' lengths. Rows are
 grouped by length (longest first) so that short rows share a micro-batch and little padding is
 computed. The same split chunks every no-grad forward over an experience (`logprobs_in_chunks`).
 
@@ -26,11 +28,14 @@ from .experience import Experience
 class MicroBatching:
     """Args:
         micro_batch_size: sequences per forward/backward (None: no limit).
-        max_tokens_per_micro_batch: padded tokens per forward/backward (None: no limit).
+        max_tokens_per_micro_batch: tokens per forward/backward (None: no limit), padded ones
+            included unless ``padding_free``.
+        padding_free: the forwards pack their rows into one row, so only real tokens count.
     """
 
     micro_batch_size: int | None = None
     max_tokens_per_micro_batch: int | None = None
+    padding_free: bool = False
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "max_tokens_per_micro_batch"):
@@ -59,26 +64,27 @@ class MicroBatching:
             return [torch.arange(len(exp))]
         order = torch.argsort(prompt_len + completion_len, descending=True, stable=True).tolist()
         groups: list[list[int]] = []
-        widest_prompt = widest_completion = 0
+        widest_prompt = widest_completion = real = 0
         for row in order:
             p, c = int(prompt_len[row]), int(completion_len[row])
             if p + c > (self.max_tokens_per_micro_batch or p + c):
                 raise ValueError(f"row {row} has {p + c} tokens ({p} prompt + {c} completion), more than "
                                  f"max_tokens_per_micro_batch={self.max_tokens_per_micro_batch}: raise the budget")
-            if groups and self._room(groups[-1], max(widest_prompt, p), max(widest_completion, c)):
+            if groups and self._room(groups[-1], max(widest_prompt, p), max(widest_completion, c), real + p + c):
                 groups[-1].append(row)
-                widest_prompt, widest_completion = max(widest_prompt, p), max(widest_completion, c)
+                widest_prompt, widest_completion, real = max(widest_prompt, p), max(widest_completion, c), real + p + c
             else:
                 groups.append([row])
-                widest_prompt, widest_completion = p, c
+                widest_prompt, widest_completion, real = p, c, p + c
         return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
 
-    def _room(self, group: list[int], prompt_width: int, completion_width: int) -> bool:
+    def _room(self, group: list[int], prompt_width: int, completion_width: int, real_tokens: int) -> bool:
         rows = len(group) + 1
         if self.micro_batch_size is not None and rows > self.micro_batch_size:
             return False
         budget = self.max_tokens_per_micro_batch
-        return budget is None or rows * (prompt_width + completion_width) <= budget
+        tokens = real_tokens if self.padding_free else rows * (prompt_width + completion_width)
+        return budget is None or tokens <= budget
 
     def micro_batches(self, exp: Experience) -> Iterator[Experience]:
         """``exp`` cut into trimmed micro-batches."""
@@ -94,6 +100,16 @@ def row_lengths(exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
     positions = torch.arange(1, mask.shape[1] + 1)
     completion = (mask * positions).amax(1) if mask.shape[1] else torch.zeros(len(exp), dtype=torch.long)
     return prompt, completion
+
+
+def span_mask(exp: Experience) -> torch.Tensor:
+    """``[N, P + C]`` 1 on the tokens a forward must see (`row_lengths`): the real prompt, and the
+    completion up to its last trained token. What a packed (padding-free) forward runs on; later
+    tokens cannot change the log-probs of earlier ones in a causal LM."""
+    _, completion = row_lengths(exp)
+    positions = torch.arange(exp.completion_ids.shape[1])
+    spans = (positions[None] < completion[:, None]).to(exp.prompt_mask)
+    return torch.cat([exp.prompt_mask, spans], dim=1)
 
 
 def minibatch_orders(n: int, size: int | None, passes: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

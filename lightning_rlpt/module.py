@@ -21,6 +21,7 @@ from .hooks import RLHookCaller
 from .knobs import Knobs, Requests
 from .metrics import PassAtK
 from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
+from .model.logprobs import check_padding_free
 from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
 from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
@@ -72,6 +73,11 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             forwards (reference, old log-probs, entropies) and the HF engine's generation. A
             prompt that could not fit with ``max_new_tokens`` is refused before its rollout (see
             `lightning_rlpt.batching`). None: no cap (one pass).
+        padding_free: run every policy/reference forward on one packed row (each micro-batch's
+            real tokens, ``position_ids`` restarting per sequence, no attention mask): no compute
+            on padding, and the token cap counts real tokens. Needs sdpa, eager or
+            flash-attention (refused otherwise); gives the padded path's log-probs and gradients
+            (tested on CPU with sdpa and eager). Generation is not packed. See docs/memory.md.
         optimizer: a callable ``params -> Optimizer`` (LightningCLI's ``OptimizerCallable``: in a
             config, a ``class_path`` with ``init_args``), e.g. ``functools.partial(
             bitsandbytes.optim.AdamW8bit, lr=1e-6)``. None: AdamW from ``lr`` / ``weight_decay`` /
@@ -148,6 +154,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         minibatch_size: int | None = None,
         micro_batch_size: int | None = None,
         max_tokens_per_micro_batch: int | None = None,
+        padding_free: bool = False,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
         lr: float | None = None,
@@ -184,7 +191,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         self.optimizer_factory = self._optimizer_factory(optimizer, lr, weight_decay, betas)
         self.scheduler_factory = lr_scheduler
         check_top_entropy_quantile(top_entropy_quantile)
-        self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch)
+        self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch, bool(padding_free))
         if rollout_correction == "auto":
             rollout_correction = None if self.objective.self_correcting else "token_tis"
         check_mode(rollout_correction, rollout_correction_cap)
@@ -207,6 +214,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         self.tokenizer = load_tokenizer(model, tokenizer)
         self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
                                   gradient_checkpointing=gradient_checkpointing, seed=seed)
+        if padding_free:
+            check_padding_free(self.policy)
         if disable_dropout:
             zero_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode

@@ -32,19 +32,30 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     use_fused_kernel: bool = True,
+    padding_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[N, C]`` of the last ``completion_len`` tokens, and (detached) entropies.
 
     Logits are divided by ``temperature`` so that they describe the distribution the rollout
-    sampled from.
+    sampled from. ``padding_free`` runs the decoder on one packed row (`pack`); positions past a
+    completion's end then hold its last real token's prediction, as padding does otherwise
+    (masked out of every loss).
     """
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_for(attention_mask),
-                  use_cache=False)
     targets = input_ids[:, -completion_len:]
+    if padding_free:
+        inputs, keep = pack(input_ids, attention_mask, completion_len)
+    else:
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids_for(attention_mask), use_cache=False)
+        keep = None
     if is_sharded(model):
-        logits = model(**inputs, logits_to_keep=completion_len + 1).logits[:, :-1]
+        if keep is None:
+            logits = model(**inputs, logits_to_keep=completion_len + 1).logits[:, :-1]
+        else:  # the packed row's logits at the kept positions only, reshaped to [N, C, V]
+            logits = model(**inputs, logits_to_keep=keep.flatten()).logits[0].view(*keep.shape, -1)
         return logits_logprobs(logits, targets, temperature, with_entropy)
-    hidden = model.get_decoder()(**inputs).last_hidden_state[:, -completion_len - 1 : -1]
+    hidden = model.get_decoder()(**inputs).last_hidden_state
+    hidden = hidden[:, -completion_len - 1 : -1] if keep is None else hidden[0, keep]
     head = model.get_output_embeddings()
     linear = head_as_linear(head) if use_fused_kernel and _fused() is not None else None
     if linear is not None:
@@ -52,6 +63,49 @@ def completion_logprobs(
         logp, ent = _fused()(hidden, weight, targets, bias=bias, temperature=temperature, return_entropy=with_entropy)
         return logp, (ent.detach() if ent is not None else None)
     return logits_logprobs(head(hidden), targets, temperature, with_entropy)
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int
+         ) -> tuple[dict[str, torch.Tensor | bool], torch.Tensor]:
+    """Padding-free inputs: every row's real tokens in one ``[1, T]`` row, ``position_ids``
+    restarting at 0 for each sequence, no attention mask and no KV cache, so that transformers'
+    masking finds the sequence boundaries from the positions and no token attends across them
+    (see docs/memory.md). Returns the inputs and ``keep [N, C]``: for each completion position,
+    the index in the packed row of the token that predicts it. Each row's real tokens must be
+    contiguous (left-padded prompt, right-padded completion), as in an `Experience`.
+
+    Example:
+        >>> inputs, keep = pack(torch.tensor([[0, 5, 6, 7], [8, 9, 4, 0]]),
+        ...                     torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]]), completion_len=2)
+        >>> inputs["input_ids"].tolist(), inputs["position_ids"].tolist(), keep.tolist()
+        ([[5, 6, 7, 8, 9, 4]], [[0, 1, 2, 0, 1, 2]], [[0, 1], [4, 5]])
+    """
+    mask = attention_mask.bool()
+    lengths = mask.sum(1)
+    offsets = lengths.cumsum(0) - lengths
+    # Index in the packed row of each padded position; right padding maps to the row's last real
+    # token (left padding never predicts a completion token: a prompt has at least one token).
+    packed_index = offsets[:, None] + mask.long().cumsum(1) - 1
+    width = input_ids.shape[1]
+    keep = packed_index[:, width - completion_len - 1: width - 1]
+    inputs = dict(input_ids=input_ids[mask][None], position_ids=position_ids_for(attention_mask)[mask][None],
+                  use_cache=False)
+    return inputs, keep
+
+
+# Attention implementations that read packed boundaries from position_ids (transformers' masking
+# for sdpa/eager, cu_seqlens for flash-attention); flex_attention has no backward on CPU.
+PACKING_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+
+
+def check_padding_free(model: nn.Module) -> None:
+    """Refuse ``padding_free`` for an attention implementation that would let packed sequences
+    attend to each other or cannot train on them."""
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attn not in PACKING_ATTENTION:
+        raise ValueError(f"padding_free=True needs an attention implementation that keeps packed sequences apart "
+                         f"({', '.join(PACKING_ATTENTION)}); the policy uses {attn!r}. Load it with "
+                         "attn_implementation='sdpa' (or flash_attention_2 on a GPU), or set padding_free=False")
 
 
 def head_as_linear(head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:

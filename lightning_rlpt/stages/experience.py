@@ -9,7 +9,7 @@ from torch import nn
 
 from ..algorithms.advantages import compute_advantages
 from ..algorithms.correction import mismatch_metrics
-from ..batching import logprobs_in_chunks
+from ..batching import logprobs_in_chunks, span_mask
 from ..experience import Experience
 from ..hooks import call_hook
 from ..model.loading import reference_context
@@ -84,8 +84,10 @@ class MakeExperience:
         """Log-probs (and entropies) of ``exp``'s completions under ``model``, micro-batch by
         micro-batch when a budget is set (the no-grad forwards never exceed it either)."""
         def one(part: Experience):
-            return completion_logprobs(model, part.input_ids, part.attention_mask, part.completion_ids.shape[1],
+            mask = span_mask(part) if self.micro_batching.padding_free else part.attention_mask
+            return completion_logprobs(model, part.input_ids, mask, part.completion_ids.shape[1],
                                        temperature=self.sampling.temperature, with_entropy=with_entropy,
-                                       use_fused_kernel=self.hparams.use_fused_kernel)
+                                       use_fused_kernel=self.hparams.use_fused_kernel,
+                                       padding_free=self.micro_batching.padding_free)
 
         return logprobs_in_chunks(one, exp, self.micro_batching, agree=self._agree_count)

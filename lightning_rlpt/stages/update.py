@@ -54,6 +54,7 @@ class PolicyUpdate:
                 stats = self.accumulate_gradients(minibatch)
                 opt.step()  # clipping runs in on_before_optimizer_step, after AMP unscaling
                 self.step_scheduler()
+                opt.zero_grad(set_to_none=True)  # free the gradients until the next backward needs them
                 if getattr(self, "_grad_norm", None) is not None:
                     stats["grad_norm"] = self._grad_norm
             self.policy_version += 1

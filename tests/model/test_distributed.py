@@ -50,10 +50,13 @@ def test_two_processes_match_one(strategy, single, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy,cap", [("ddp", ("--micro-batch-size", "4")), ("fsdp2", ("--max-tokens", "48"))])
+@pytest.mark.parametrize("strategy,cap", [("ddp", ("--micro-batch-size", "4")), ("fsdp2", ("--max-tokens", "48")),
+                                          ("fsdp2", ("--max-tokens", "48", "--padding-free"))],
+                         ids=["ddp-rows", "fsdp2-tokens", "fsdp2-tokens-padding-free"])
 def test_two_processes_with_micro_batches_match_one_pass_on_one(strategy, cap, single, tmp_path):
     """Micro-batches of 4 rows (DDP: gradients all-reduced once, on the last) or of 48 tokens
-    (FSDP2: ranks may cut their rows into different counts and still run as many forwards)
+    (FSDP2: ranks may cut their rows into different counts and still run as many forwards;
+    packed: the sharded root forward keeps the packed row's logits at completion positions)
     train like one process running each step in one pass."""
     rows, weights = _run(strategy, tmp_path, *cap)
     ref_rows, ref_weights = single

@@ -72,6 +72,7 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_micro_batch")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--padding-free", action="store_true")
     p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     p.add_argument("--reward-model", default=None, help="a reward model directory, scored instead of the answer")
     args = p.parse_args()
@@ -103,6 +104,7 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                       generation=dict(max_new_tokens=4, max_prompt_length=8),
                       micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens,
                       gradient_checkpointing=args.gradient_checkpointing,
+                      padding_free=args.padding_free,
                       top_entropy_quantile=args.top_entropy_quantile)
     module.grad_forwards = count_grad_forwards(module.policy)
     train, _ = task.split_pairs()
