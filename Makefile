@@ -29,10 +29,12 @@ bench-trl: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/vs_trl.py
 
-# Peak RSS of one GRPO step as the rollout grows 4x: one pass, micro-batches, TRL (3 rounds: ~75 min on 2 idle cores).
+# Peak RSS of one GRPO step as the rollout grows 4x: one pass vs micro-batches (~40 min on 2 idle cores),
+# then the same beside TRL at a smaller rollout (~50 min). The README's two memory tables.
 bench-memory: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) benchmarks/memory_scaling.py
+	$(PY) benchmarks/memory_scaling.py --paths one-pass,micro --repeats 2 --fresh --results benchmarks/results/memory_scaling_80k
+	$(PY) benchmarks/memory_scaling.py --sizes 3x4x16,3x16x16 --repeats 2 --fresh
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

@@ -33,26 +33,32 @@ allocator kept from the warm-up is not silently reused), reads its resident set 
 resets the kernel's peak counter (``/proc/self/clear_refs``); after it, it reads the peak
 (``VmHWM``). Reported per run: **peak RSS** of the measured step (comparable across paths and
 frameworks), the **step's own memory** (that peak minus the RSS just before the step:
-activations, gradients and temporaries; comparable between the two ``RLModule`` paths, not with
-TRL, because ``RLModule`` keeps the last step's gradients until its next ``zero_grad`` while
-HF's Trainer frees them after each optimizer step, so they sit in ``RLModule``'s "before"), the
-RSS after model and optimizer creation, and the step's wall time. Runs alternate between
+activations, gradients and temporaries; comparable between the two ``RLModule`` paths; across
+frameworks compare peak RSS), the RSS after model and optimizer creation, and the step's wall
+time. (Runs before 2026-12-04 13:00 UTC, in ``results/memory_scaling.md``, kept the previous
+step's gradients in the "before": ``RLModule`` then freed them only at its next ``zero_grad``;
+it now frees them after each optimizer step, as HF's Trainer does.) Runs alternate between
 configurations, ``--repeats`` rounds; each figure is the median over the rounds. Before each run
 the script waits (at most ``--idle-wait`` s) for other processes to go quiet and records the CPU
 they used meanwhile (benchmarks/quiet.py): on a shared machine times are noisier than RSS.
 
-Sizes. The step's own memory has a floor that does not grow with the rollout: the gradients
-(one copy of the weights) and, at the end of the backward, the tied embedding's second dense
-``[151,936, 896]`` gradient being added to the LM head's (~1.4 GB in all at one layer). The
-one-pass activations (~86 KB per token at one layer, fp32) must exceed about half of it at the
-smaller size before a 4× larger rollout can double the step's memory; the defaults (one layer,
-640-token prompts, 16-token completions, 12 → 48 sequences: 7.9k → 31.5k tokens) do that in
-about a minute a step on 2 idle cores. With one layer, gradient checkpointing recomputes that
+Sizes. The peak has a floor that does not grow with the rollout: weights, AdamW state and the
+runtime (~2.4 GB at one layer), the gradients (one copy of the weights) and, at the end of the
+backward, the tied embedding's second dense ``[151,936, 896]`` gradient being added to the LM
+head's. One-pass memory grows by ~145 KB per token at one layer (fp32: activations and the
+head's tiles). For a 4× larger rollout to double the whole peak, the smaller rollout's
+per-token memory must exceed that floor: the defaults (one layer, 640-token prompts, 16-token
+completions, 30 → 120 sequences: 19.7k → 78.7k tokens) do that, with steps of 0.5–3.5 minutes
+on 2 idle cores and a one-pass peak of ~14 GB. TRL's rows take ~6 minutes a step at 31.5k
+tokens on this CPU (below), so the committed TRL comparison ran at ``--sizes
+3x4x16,3x16x16`` (7.9k → 31.5k tokens; ``results/memory_scaling.md``), where the one-pass
+*step's own memory* more than doubles but the whole peak does not. With one layer, gradient checkpointing recomputes that
 layer's whole forward in the backward, so it cannot lower the peak: the checkpointing rows show
 that the caps hold with checkpointing on, not what checkpointing saves in a deep model.
 
-    python benchmarks/memory_scaling.py                   # -> benchmarks/results/memory_scaling.{json,md}
-    python benchmarks/memory_scaling.py --paths one-pass,micro --repeats 1
+    python benchmarks/memory_scaling.py --paths one-pass,micro --repeats 2 \
+        --results benchmarks/results/memory_scaling_80k  # the README's first table (38 min)
+    python benchmarks/memory_scaling.py --sizes 3x4x16,3x16x16 --repeats 2  # with TRL (49 min) -> results/
     python benchmarks/memory_scaling.py --render          # rebuild the .md from the JSON
 Needs ``pip install -e ".[bench]"`` for the TRL rows (trl, a benchmark peer, not a dependency).
 """
@@ -333,10 +339,11 @@ def per_run(data: dict) -> str:
 READING = (
     "Peak RSS is the whole process at the measured step's peak: weights, AdamW state and the runtime (the RSS "
     "before the step) plus the step's own memory. The step's own memory compares the two lightning-rlpt paths; "
-    "across frameworks compare peak RSS (RLModule still holds the previous step's gradients when the step starts, "
-    "HF's Trainer has freed them). With one decoder layer, gradient checkpointing recomputes that whole layer in "
-    "the backward, so the checkpointing rows cannot show what checkpointing saves in a deep model; they show that "
-    "the caps hold with it on. TRL 1.16's fused LM head scores only completion positions where Triton runs (CUDA, "
+    "across frameworks compare peak RSS. With one decoder layer, gradient checkpointing recomputes that whole "
+    "layer in the backward, so the checkpointing rows cannot show what checkpointing saves in a deep model; they "
+    "show that the caps hold with it on.")
+READING_TRL = (
+    "TRL 1.16's fused LM head scores only completion positions where Triton runs (CUDA, "
     "XPU); on CPU it scores every position, prompts included, in [≤ 4,096 tokens × 32,768 vocabulary] fp32 tiles "
     "(`trl/trainer/utils.py`, `add_fused_lm_head`; `trl/kernels/chunked_logprob.py`). By that code and its "
     "arithmetic (not profiled here), this CPU fallback is where TRL's extra memory and most of its extra time go: "
@@ -359,7 +366,7 @@ def report(data: dict) -> str:
             + contention[1:]
             + " Versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + ".")
     return "\n".join(["# Memory as the rollout grows (benchmarks/memory_scaling.py)", "", table(data), "",
-                      growth_table(data), "", READING, "", note, "", "<details><summary>every run</summary>", "",
+                      growth_table(data), "", READING + (" " + READING_TRL if any(r["path"] == "trl" for r in data["runs"]) else ""), "", note, "", "<details><summary>every run</summary>", "",
                       per_run(data), "", "</details>", ""])
 
 
@@ -367,7 +374,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--prompt-len", type=int, default=640, help="prompt tokens (BOS included)")
-    p.add_argument("--sizes", default="3x4x16,3x16x16", help="rollouts PROMPTSxGROUPxCOMPLETION, smallest first")
+    p.add_argument("--sizes", default="3x10x16,3x40x16", help="rollouts PROMPTSxGROUPxCOMPLETION, smallest first")
     p.add_argument("--cap", type=int, default=2624, help="max_tokens_per_micro_batch of the micro path (and TRL's rows)")
     p.add_argument("--paths", default=",".join(PATHS))
     p.add_argument("--ckpt", default="off,on", help="gradient checkpointing settings to run: off, on or off,on")
