@@ -142,3 +142,22 @@ def test_prompt_too_long_for_the_budget_is_refused_before_its_rollout(warm_start
     with pytest.raises(ValueError, match=r"prompt \+ max_new_tokens=6 = .*Raise max_tokens_per_micro_batch to at least"):
         quiet_trainer(max_steps=1).fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=2))
     assert calls == []  # nothing generated
+
+
+def test_gradients_are_freed_after_each_optimizer_step(warm_start_dir, arithmetic_rows):
+    """Between optimizer steps no gradient is held (one copy of the weights less at rest); the
+    recorder still sees every gradient just before the step."""
+    class AfterStep(Callback):
+        held = []
+
+        def on_train_batch_end(self, trainer, module, *args):
+            self.held.append(sum(p.grad is not None for p in module.policy.parameters()))
+
+    after = AfterStep()
+    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, seed=5, generation=GEN,
+                      micro_batch_size=4, updates_per_rollout=2)
+    recorder = GradRecorder()
+    quiet_trainer(max_steps=4, callbacks=[recorder, after]).fit(module, datamodule=PromptDataModule(arithmetic_rows,
+                                                                                                    batch_size=4))
+    assert len(recorder.steps) == 4 and all(recorder.steps)  # two rollouts, μ = 2: four optimizer steps (max_steps)
+    assert after.held == [0, 0]
