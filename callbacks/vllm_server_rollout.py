@@ -16,6 +16,7 @@ from lightning_rlpt.rollout.vllm.checks import check_head_dim, context_length, m
 from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, policy_dtype
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
+from lightning_rlpt.rollout.vllm.transport import write_snapshot
 
 LAUNCH_KEYS = ("num_servers", "max_model_len", "kv_cache_memory_bytes", "dtype", "startup_timeout", "extra_args",
                "log_dir", "seed", "env")
@@ -118,7 +119,10 @@ class VLLMServerRollout(RLCallback):
         dtype = getattr(__import__("torch"), dtype) if isinstance(dtype, str) else dtype
         self._export_dir = export_model_dir(config, module.tokenizer, dtype, tempfile.mkdtemp(prefix="rlpt-serve-"))
         log_dir = self.launch.get("log_dir") or os.path.join(trainer.log_dir or trainer.default_root_dir, "vllm")
-        extra = ["--load-format", "dummy", *self.launch.get("extra_args", [])]  # weights arrive by the first sync
+        # The current weights go in as the checkpoint (vLLM cannot reload in place into a dummy-loaded model).
+        write_snapshot(self._export_dir, policy_weights(module.policy), dtype=dtype,
+                       tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
+        extra = list(self.launch.get("extra_args", []))
         kv = self.launch.get("kv_cache_memory_bytes") or kv_cache_bytes(config, dtype, needed)
         return VLLMServer.launch_many(
             self._export_dir, int(self.launch.get("num_servers", 1)), log_dir=log_dir,

@@ -13,7 +13,7 @@ import torch
 
 import tiny_task as task
 from conftest import quiet_trainer
-from lightning_rlpt import PromptDataModule, RLModule, SamplingConfig
+from lightning_rlpt import PromptDataModule, RLCallback, RLModule, SamplingConfig
 from lightning_rlpt.callbacks import VLLMServerRollout
 from lightning_rlpt.model.logprobs import position_ids_for
 from lightning_rlpt.model.weights import policy_weights
@@ -192,3 +192,23 @@ def test_a_killed_server_fails_over_then_the_run_stops_naming_it(servers, warm_s
     both.where = "global step 7"
     with pytest.raises(ServerFailure, match=rf"at global step 7 .*failed: {victim.url}: .*{servers[0].url}: .*resume"):
         both.generate(ids, sampling, 3)
+
+
+def test_launch_starts_servers_for_the_fit_and_stops_them_by_pid(tmp_path, warm_start_dir, arithmetic_rows):
+    """``launch=``: servers start from the exported config (dummy weights), get the policy by the
+    first sync (the parity probe passes), serve the rollouts, and are gone after the fit."""
+    seen = []
+
+    class Probe(RLCallback):  # records the engine, its servers and each rollout's weight version
+        def on_rollout_end(self, trainer, module, experience):
+            engine = module.rollout_engine
+            seen.append((type(engine).__name__, [s.pid for s in engine.servers], experience.policy_version))
+
+    module = make_module(warm_start_dir, lr=1e-3)
+    callback = VLLMServerRollout(launch=dict(num_servers=1, log_dir=str(tmp_path / "logs"), kv_cache_memory_bytes=64 << 20))
+    quiet_trainer(max_steps=2, callbacks=[callback, Probe()]).fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
+    assert [(name, version) for name, _, version in seen] == [("RemoteVLLMEngine", 0), ("RemoteVLLMEngine", 1)]
+    pid = seen[0][1][0]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped at teardown (and reaped)
+    assert len(os.listdir(tmp_path / "logs")) == 1 and callback.engine is None

@@ -38,6 +38,20 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return int(sum(t.numel() * t.element_size() for t in tensors))
 
 
+def write_snapshot(directory: str, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool,
+                   dtype: torch.dtype | None = None) -> int:
+    """``directory/model.safetensors`` from ``(hf_name, tensor)`` pairs (tied heads written out,
+    see the module docstring); returns the bytes written. Also the launch checkpoint: vLLM cannot
+    reload in place into a model started with ``--load-format dummy``."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous() for name, t in weights}
+    if tie_word_embeddings and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    return tensor_bytes(tensors.values())
+
+
 class SnapshotTransport:
     """Write a safetensors snapshot, have every live server reload it (see module docstring).
 
@@ -51,20 +65,12 @@ class SnapshotTransport:
 
     def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool) -> int:
         """Bytes written (= read by each server)."""
-        from safetensors.torch import save_file
-
-        tensors = {}
-        for name, tensor in weights:
-            tensor = tensor.detach().to("cpu", self.dtype or tensor.dtype).contiguous()
-            tensors[name] = tensor
-        if tie_word_embeddings and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
-            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
         shutil.rmtree(self.directory, ignore_errors=True)
         os.makedirs(self.directory)
-        save_file(tensors, os.path.join(self.directory, "model.safetensors"))
+        sent = write_snapshot(self.directory, weights, tie_word_embeddings=tie_word_embeddings, dtype=self.dtype)
         for url in pool.live:
             pool.post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self.directory}})
-        return tensor_bytes(tensors.values())
+        return sent
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
