@@ -168,7 +168,7 @@ def test_a_server_with_another_architecture_is_refused(tmp_path, warm_start_dir,
 
 
 def test_a_killed_server_fails_over_then_the_run_stops_naming_it(servers, warm_start_dir, arithmetic_rows):
-    """Runs last: it kills the module's servers (the fixture's stop copes with dead ones)."""
+    """Runs after every test that uses the module's servers: it kills them (the fixture's stop copes)."""
     module = make_module(warm_start_dir)
     both = engine_over(servers, max_inflight=2, request_timeout=60)
     both.load_weights(policy_weights(module.policy), 0)
