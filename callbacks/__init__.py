@@ -10,6 +10,7 @@ from lightning_rlpt.hooks import RLCallback
 
 _WHERE = {
     "VLLMRollout": "vllm_rollout",
+    "VLLMServerRollout": "vllm_server_rollout",
     "EntropyGatedKL": "entropy_gated_kl",
     "ReferenceReset": "reference_reset",
     "ResponseWeightedKL": "response_weighted_kl",

