@@ -17,6 +17,7 @@ from ..model.logprobs import completion_logprobs
 from ..model.reference import onloaded
 from ..rewards import TrainerState
 from ..rollout import collect
+from ..rollout.episodes.agent import info_metrics
 
 
 class MakeExperience:
@@ -40,7 +41,8 @@ class MakeExperience:
         with self.timer("rollout"):
             exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling, seed,
                                        self.device, self.hparams.seed_per_prompt,
-                                       check_prompts=self.micro_batching.check_fits)
+                                       check_prompts=self.micro_batching.check_fits, agent=self.agent,
+                                       max_context=self._max_context())
         exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
         exp = call_hook(self.trainer, self, "on_rollout_end", exp)
         with self.timer("rewards"):
@@ -57,6 +59,23 @@ class MakeExperience:
         metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
                                           counts[:-1])
         self._log_dict({**metrics, "prompts/truncated": float(counts[-1])}, sync=False)
+        if "turns" in exp.info:  # multi-turn episodes (rollout/episodes)
+            self._log_dict(self._episode_metrics(exp), sync=False)
+
+    def _episode_metrics(self, exp: Experience) -> dict[str, float]:
+        keys = ("turns", "tool_calls", "tool_failures", "episode_tokens")
+        parts = [exp.info[k] for k in keys] + [exp.completion_mask.sum(1)]
+        if self.trainer.world_size > 1:
+            parts = [g.flatten(0, 1) for g in self.all_gather(parts)]
+        return info_metrics(dict(zip(keys, parts)), parts[-1])
+
+    def _max_context(self) -> int | None:
+        """Prompt + episode tokens at most: the engine's context (vLLM's ``max_model_len``) or
+        the model's positions, whichever is smaller."""
+        limits = [getattr(self.engine, "max_model_len", None),
+                  getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)]
+        limits = [int(x) for x in limits if isinstance(x, int)]
+        return min(limits) if limits else None
 
     @torch.no_grad()
     def _fill_logprobs(self, exp: Experience) -> None:
