@@ -363,7 +363,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     def validation_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
         n = self.hparams.val_samples
         seed = self.hparams.seed * 1_000_003 + batch_idx
-        exp, _ = collect.rollout(self.engine, self.tokenizer, batch, n, self.val_sampling, seed, self.device)
+        exp, _ = self.sample(batch, n, self.val_sampling, seed)  # episodes too, with tools/environments
         collect.score(exp, self.rewards, TrainerState.of(self._trainer))
         correct = (exp.rewards >= self.hparams.success_threshold).view(-1, n)
         for k, metric in self.val_pass.items():

@@ -49,28 +49,27 @@ def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool, template_kwargs
 
 def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], group_size: int,
             sampling: SamplingConfig, seed: int, device: torch.device,
-            seed_per_prompt: bool = False, check_prompts: Callable[[int, int], None] | None = None,
-            agent: Any = None, max_context: int | None = None) -> tuple[Experience, int]:
+            seed_per_prompt: bool = False, check_prompts: Callable[[int, int], None] | None = None
+            ) -> tuple[Experience, int]:
     """Sample ``group_size`` completions per prompt; returns the experience and the count of
     truncated prompts. With ``seed_per_prompt`` each group's seed comes from ``seed`` and the
     prompt's dataset ``index``, so samples do not depend on batch composition or layout.
     ``check_prompts(longest prompt, max_new_tokens)`` may refuse the batch before generation.
-    An active ``agent`` (`episodes.Agent`) makes each row a multi-turn episode bounded by
-    ``max_context`` tokens (see `episodes.rollout_episodes`)."""
-    seeds: int | list[int] = seed
-    if seed_per_prompt:
-        seeds = [(seed + 1_000_003 * int(i)) % 2**62 for i in batch["index"] for _ in range(group_size)]
-    if agent is not None and agent.active:
-        from .episodes.rollout import rollout_episodes
-        return rollout_episodes(agent, engine, tokenizer, batch, group_size, sampling, seeds, device,
-                                check_prompts, max_context)
+    (Multi-turn episodes: `episodes.rollout.rollout_episodes`, same arguments.)"""
     prompts = list(batch["prompt"])
     prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
     if check_prompts is not None:
         check_prompts(max(len(row) for row in prompt_ids), sampling.max_new_tokens)
     rep = [row for row in prompt_ids for _ in range(group_size)]
-    out = engine.generate(rep, sampling, seeds)
+    out = engine.generate(rep, sampling, row_seeds(batch, group_size, seed, seed_per_prompt))
     return to_experience(out, rep, tokenizer, batch, group_size, sampling, device), cut
+
+
+def row_seeds(batch: dict[str, list[Any]], group_size: int, seed: int, seed_per_prompt: bool) -> int | list[int]:
+    """``seed`` for the whole call, or with ``seed_per_prompt`` one per row from the prompt's ``index``."""
+    if not seed_per_prompt:
+        return seed
+    return [(seed + 1_000_003 * int(i)) % 2**62 for i in batch["index"] for _ in range(group_size)]
 
 
 def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: Any, batch: dict[str, list[Any]],

@@ -18,6 +18,7 @@ from ..model.reference import onloaded
 from ..rewards import TrainerState
 from ..rollout import collect
 from ..rollout.episodes.agent import info_metrics
+from ..rollout.episodes.rollout import rollout_episodes
 
 
 class MakeExperience:
@@ -39,15 +40,23 @@ class MakeExperience:
         """Sample G completions per prompt, run ``on_rollout_end``, score them: the experience,
         reward failures per function and how many prompts were cut (also used by refills)."""
         with self.timer("rollout"):
-            exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling, seed,
-                                       self.device, self.hparams.seed_per_prompt,
-                                       check_prompts=self.micro_batching.check_fits, agent=self.agent,
-                                       max_context=self._max_context())
+            exp, cut = self.sample(batch, self.group_size, self.sampling, seed, self.hparams.seed_per_prompt,
+                                   self.micro_batching.check_fits)
         exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
         exp = call_hook(self.trainer, self, "on_rollout_end", exp)
         with self.timer("rewards"):
             failures = collect.score(exp, self.rewards, TrainerState.of(self._trainer))
         return exp, failures, cut
+
+    def sample(self, batch: dict[str, list[Any]], group_size: int, sampling: Any, seed: int,
+               seed_per_prompt: bool = False, check_prompts: Any = None) -> tuple[Experience, int]:
+        """`collect.rollout`, or multi-turn episodes when the module has tools, an environment or
+        a ``rollout_func`` (`rollout.episodes.rollout_episodes`): training and validation alike."""
+        args = (self.engine, self.tokenizer, batch, group_size, sampling, seed, self.device, seed_per_prompt,
+                check_prompts)
+        if self.agent.active:
+            return rollout_episodes(self.agent, *args, max_context=self._max_context())
+        return collect.rollout(*args)
 
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
         """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""
