@@ -90,7 +90,7 @@ class Tool:
             return fn
         name = getattr(fn, "__name__", repr(fn))
         if not callable(fn):
-            raise ValueError(f"tool {name!r} is a {type(fn).__name__}, not a function")
+            raise ValueError(f"tool {fn!r} is a {type(fn).__name__}, not a function")
         try:
             schema = get_json_schema(fn)
         except Exception as err:  # transformers' Docstring/TypeHintParsingException, NameError for bad hints

@@ -81,7 +81,7 @@ def test_box_construction_errors():
         ToolBox([])
     with pytest.raises(ValueError, match="timeout must be > 0"):
         ToolBox([multiply], timeout=0)
-    with pytest.raises(ValueError, match="tool "'x'" is a str, not a function"):
+    with pytest.raises(ValueError, match="tool 'x' is a str, not a function"):
         Tool.from_function("x")
 
 
