@@ -191,9 +191,11 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
                                           "tools", "tool_parser", "environment", "rollout_func"])
         # What `export_checkpoint` needs to rebuild the model: the base path and the adapter config.
         # A local directory is recorded absolute, so an export from another working directory finds it.
+        # Saved beside the hyper-parameters, not in them: LightningCLI feeds a checkpoint's
+        # hyper-parameters back as constructor arguments (`fit/validate --ckpt_path`).
         path = None if isinstance(model, nn.Module) else str(model)
-        self.hparams["model_name_or_path"] = os.path.abspath(path) if path and os.path.isdir(path) else path
-        self.hparams["lora_config"] = lora_as_dict(lora)
+        self.model_source = {"model_name_or_path": os.path.abspath(path) if path and os.path.isdir(path) else path,
+                             "lora_config": lora_as_dict(lora)}
         self.automatic_optimization = False
         self.objective = resolve_objective(objective, dict(
             policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
@@ -347,7 +349,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_rlpt"] = {"rng": self.rng.get_state(), "policy_version": self.policy_version,
-                                        "knobs": self.knobs.state_dict()}
+                                        "knobs": self.knobs.state_dict(), "model_source": self.model_source}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_rlpt")

@@ -11,6 +11,8 @@ from ..engine import RolloutEngine, RolloutOutput
 from ..sampling import SamplingConfig
 from .episode import Episode, episode_metrics
 from .loop import run_episodes
+from .parsing import as_parser
+from .tools import ToolBox
 
 DEFAULT_MAX_TURNS = 10
 
@@ -37,7 +39,7 @@ class Agent:
                  tool_parser: Any = None, environment: Callable[[], Any] | None = None,
                  rollout_func: Callable[..., list[Episode]] | None = None):
         self.toolbox = _toolbox(tools, tool_timeout)
-        self.environment, self.rollout_func, self.parser = environment, rollout_func, tool_parser
+        self.environment, self.rollout_func, self.parser = environment, rollout_func, as_parser(tool_parser)
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
             raise ValueError(f"max_turns must be an int >= 1 (got {max_turns!r}): the model turns an episode may take")
         if environment is not None and not callable(environment):
@@ -125,5 +127,4 @@ def _toolbox(tools: Any, timeout: float) -> Any:
         return None
     if hasattr(tools, "call") and hasattr(tools, "schemas"):
         return tools
-    from .tools import ToolBox  # agent-tools' module
     return ToolBox(list(tools), timeout=timeout)

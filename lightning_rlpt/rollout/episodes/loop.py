@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 from ..engine import RolloutEngine, runs_of_equal
 from ..sampling import SamplingConfig
 from .episode import Episode
+from .parsing import as_parser
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -55,7 +56,7 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, prompt_ids: list[list[in
     """
     n = len(prompt_ids)
     seeds = [seeds] * n if isinstance(seeds, int) else list(seeds)
-    parse = _parser(parser) if tools is not None else None
+    parse = as_parser(parser).parse if tools is not None else None
     episodes = [Episode([], [], []) for _ in range(n)]
     chats = [_as_messages(p) for p in prompts]
     active = list(range(n))
@@ -188,10 +189,3 @@ def suffix_ids(tokenizer: Any, messages: list[dict], new: list[dict], model_text
 
 def _as_messages(prompt: Any) -> list[dict[str, Any]]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-
-
-def _parser(parser: Any) -> Callable[[str], Any]:
-    if parser is None:
-        from .parsing import HermesToolParser  # agent-tools' module
-        parser = HermesToolParser()
-    return parser.parse if hasattr(parser, "parse") else parser
