@@ -32,3 +32,17 @@ def tok():
 def env_model_dir(request) -> str:
     """Replays `agent_task.ENV_SCRIPT` (three turns against `CountdownEnv`)."""
     return cached_model(request, "env", [(at.ENV_SCRIPT, None)])
+
+
+@pytest.fixture(scope="session")
+def toolbox():
+    from lightning_rlpt.rollout.episodes import ToolBox
+
+    return ToolBox([at.multiply])
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(request, toolbox) -> str:
+    """Replays every `agent_task.TOOL_SCRIPTS` conversation."""
+    convs = [(at.tool_conversation(p, first, final, toolbox), toolbox.schemas) for p, first, final in at.TOOL_SCRIPTS]
+    return cached_model(request, "tools", convs)
