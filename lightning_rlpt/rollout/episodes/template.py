@@ -75,10 +75,15 @@ def render_suffix(tokenizer: Any, messages: Sequence[dict[str, Any]], new_messag
         template_kwargs: passed to ``apply_chat_template`` (``tools=``, ``enable_thinking=``, ...).
         model_end: the text of the model's end-of-turn tokens already in the context.
 
+    Only the model's turn and what follows it must agree between the two renderings: the
+    template must close the turn the same way whether or not more messages follow, else
+    `ValueError`. Earlier turns may render differently (Qwen3's template, for one, adds an
+    empty ``<think>`` block to the last assistant turn only); the context keeps what the model
+    actually saw, which is what it is trained on.
+
     Raises:
-        ValueError: the template renders the conversation before the sentinel differently when
-            more messages follow (appending would then not equal rendering), or drops the
-            assistant's content.
+        ValueError: the template closes the last assistant turn differently from one that more
+            messages follow, or drops the assistant's content.
 
     Example:
         >>> import sys; sys.path.insert(0, "tests")
@@ -95,16 +100,15 @@ def render_suffix(tokenizer: Any, messages: Sequence[dict[str, Any]], new_messag
     masked = [*messages[:-1], {**messages[-1], "content": _SENTINEL}]
     short = _render(tokenizer, masked, **kwargs)
     long = _render(tokenizer, masked + list(new_messages), add_generation_prompt=True, **kwargs)
-    cut = short.find(_SENTINEL)
-    if cut < 0:
+    if _SENTINEL not in short or _SENTINEL not in long:
         raise ValueError("the chat template drops the assistant's content; episodes need a template that renders "
                          "assistant messages verbatim")
-    cut += len(_SENTINEL)
-    if long[:cut] != short[:cut]:
-        raise ValueError("the chat template renders the conversation differently once more messages follow, so the "
-                         "episode's context could not grow by appending; use a template whose rendering of earlier "
-                         "turns does not depend on later ones (e.g. one without loop.last special cases)")
-    suffix = long[cut:]
+    closing = short[short.rfind(_SENTINEL) + len(_SENTINEL):]
+    suffix = long[long.rfind(_SENTINEL) + len(_SENTINEL):]
+    if not suffix.startswith(closing):
+        raise ValueError(f"the chat template ends the model's turn with {closing!r} when it is the last message but "
+                         f"not when more follow ({suffix[:len(closing) + 20]!r}...), so the episode's context could "
+                         "not grow by appending; use a template that closes assistant turns the same way")
     if model_end and suffix.startswith(model_end):
         suffix = suffix[len(model_end):]
     return list(tokenizer(suffix, add_special_tokens=False)["input_ids"])

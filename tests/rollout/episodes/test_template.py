@@ -78,11 +78,30 @@ def test_suffix_without_model_end_keeps_the_end_of_turn_and_ignores_the_content(
     assert render_suffix(tok, [{"role": "assistant", "content": "x"}], new, {"tools": SCHEMAS}, model_end="</s>") == a
 
 
-def test_template_that_rerenders_earlier_turns_is_refused():
+def test_earlier_turns_may_render_differently_as_in_qwen3():
+    """A Qwen3-like template adds an empty think block to the *last* assistant turn only; the
+    suffix is still the tail of the full rendering."""
+    tok = build_chat_tokenizer()
+    tok.chat_template = TOOLS_TEMPLATE.replace(
+        "'<|im_start|>' + m.role + '\\n' + m.content",
+        "'<|im_start|>' + m.role + '\\n' + ('<think>\\n\\n</think>\\n\\n' if loop.last and m.role == 'assistant' else '') + m.content")
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": CALL}]
+    new = [{"role": "tool", "content": "408"}]
+    assert "<think>" in tok.apply_chat_template(messages, tokenize=False)
+    full = tok.apply_chat_template(messages + new, add_generation_prompt=True, return_dict=False)
+    suffix = render_suffix(tok, messages, new)
+    assert suffix == full[len(full) - len(suffix):]
+    assert tok.decode(suffix) == "<|im_end|>\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_template_that_closes_the_last_turn_differently_is_refused():
     tok = build_chat_tokenizer(tools=False)
-    tok.chat_template = PLAIN_TEMPLATE.replace("'<|im_start|>' + m.role", "'<|im_start|>' + m.role + ('*' if loop.last else '')")
-    with pytest.raises(ValueError, match="renders the conversation differently once more messages follow"):
+    tok.chat_template = PLAIN_TEMPLATE.replace("'<|im_end|>\\n' }}", "'<|im_end|>\\n' + ('[END]' if loop.last else '') }}")
+    with pytest.raises(ValueError, match=r"ends the model's turn with '<\|im_end\|>\\n\[END\]' when it is the last message"):
         render_suffix(tok, [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
                       [{"role": "user", "content": "more"}])
     with pytest.raises(ValueError, match="end with the model's assistant turn"):
         render_suffix(tok, [{"role": "user", "content": "q"}], [{"role": "user", "content": "more"}])
+    tok.chat_template = PLAIN_TEMPLATE.replace("m.content", "('' if m.role == 'assistant' else m.content)")
+    with pytest.raises(ValueError, match="drops the assistant's content"):
+        render_suffix(tok, [{"role": "assistant", "content": "a"}], [{"role": "user", "content": "more"}])
