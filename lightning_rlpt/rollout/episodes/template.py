@@ -96,7 +96,7 @@ def render_suffix(tokenizer: Any, messages: Sequence[dict[str, Any]], new_messag
     """
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("render_suffix needs messages that end with the model's assistant turn")
-    kwargs = dict(template_kwargs or {})
+    kwargs = {k: v for k, v in (template_kwargs or {}).items() if k not in ("add_generation_prompt", "tokenize")}
     masked = [*messages[:-1], {**messages[-1], "content": _SENTINEL}]
     short = _render(tokenizer, masked, **kwargs)
     long = _render(tokenizer, masked + list(new_messages), add_generation_prompt=True, **kwargs)
