@@ -10,6 +10,7 @@ import torch
 from ..engine import RolloutEngine, RolloutOutput
 from ..sampling import SamplingConfig
 from .episode import Episode, episode_metrics
+from .environment import check_reset
 from .loop import run_episodes
 from .parsing import as_parser
 from .tools import ToolBox
@@ -70,10 +71,7 @@ class Agent:
         envs, out = [], []
         for row, prompt in zip(rows, prompts):
             env = self.environment()
-            observation = env.reset(row)
-            if observation is not None and not isinstance(observation, str):
-                raise TypeError(f"{type(env).__name__}.reset must return a str observation (or '' / None for none), "
-                                f"got {type(observation).__name__}")
+            observation = check_reset(env, env.reset(row))
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             out.append(messages + [{"role": "user", "content": observation}] if observation else prompt)
             envs.append(env)

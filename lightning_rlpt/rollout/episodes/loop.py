@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 from ..engine import RolloutEngine, runs_of_equal
 from ..sampling import SamplingConfig
 from .episode import Episode
+from .environment import check_step
 from .parsing import as_parser
 
 
@@ -116,7 +117,7 @@ def _step(ep: Episode, ids: list[int], logprobs: list[float] | None, tokenizer: 
         new += _tool_messages(ep, parse(text), tools, run=not last_turn)
     done = False
     if env is not None:
-        observation, reward, done = checked_step(env, env.step(text))
+        observation, reward, done = check_step(env, env.step(text))
         if reward is not None:
             ep.env_reward = (ep.env_reward or 0.0) + float(reward)
         if not done and observation:
@@ -149,23 +150,6 @@ def _tool_messages(ep: Episode, parsed: Any, tools: Any, run: bool) -> list[dict
         out.append({"role": "tool", "name": call.name, "content": result.content})
     out += [{"role": "tool", "content": f"error: {e}"} for e in errors]
     return out
-
-
-def checked_step(env: Any, result: Any) -> tuple[str | None, float | None, bool]:
-    """``env.step``'s result, or a `TypeError` naming the method and what was wrong."""
-    name = f"{type(env).__name__}.step"
-    if not isinstance(result, tuple) or len(result) != 3:
-        raise TypeError(f"{name} must return a tuple (observation: str | None, reward: float | None, done: bool), "
-                        f"got {type(result).__name__}: {str(result)[:80]!r}")
-    observation, reward, done = result
-    wrong = [f"{what} is {type(v).__name__}, expected {want}" for what, v, ok, want in (
-        ("observation", observation, observation is None or isinstance(observation, str), "str or None"),
-        ("reward", reward, reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool)),
-         "float or None"),
-        ("done", done, isinstance(done, bool), "bool")) if not ok]
-    if wrong:
-        raise TypeError(f"{name} returned wrong types: {'; '.join(wrong)}. Return (observation, reward, done)")
-    return observation, reward, done
 
 
 def suffix_ids(tokenizer: Any, messages: list[dict], new: list[dict], model_text: str,

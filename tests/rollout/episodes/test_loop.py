@@ -85,11 +85,11 @@ class BadResetEnv(at.CountdownEnv):
 
 
 def test_environment_wrong_types_raise_naming_the_method(env_model_dir, tok):
-    with pytest.raises(TypeError, match=r"WrongRewardEnv\.step returned wrong types: reward is str, expected float"):
+    with pytest.raises(TypeError, match=r"WrongRewardEnv\.step must return \(observation: str \| None, reward: float \| None, done: bool\); reward is str"):
         run(env_model_dir, tok, env=WrongRewardEnv, group=1)
-    with pytest.raises(TypeError, match=r"NotATupleEnv\.step must return a tuple \(observation"):
+    with pytest.raises(TypeError, match=r"NotATupleEnv\.step must return \(observation.*got str"):
         run(env_model_dir, tok, env=NotATupleEnv, group=1)
-    with pytest.raises(TypeError, match=r"BadResetEnv\.reset must return a str observation"):
+    with pytest.raises(TypeError, match=r"BadResetEnv\.reset must return a str \(the first observation"):
         run(env_model_dir, tok, env=BadResetEnv, group=1)
 
 
