@@ -93,24 +93,5 @@ def memorise(conversations: list[tuple[list[dict], list[dict] | None]], steps: i
         opt.step()
         if loss.item() < 3e-3:
             break
-        print(f"memorise step {_} loss {loss.item():.4f}", flush=True)
     return model.eval()
 
-
-# (prompt, first model turn, final answer): a good call and an unknown tool (short, so the
-# warm start trains in about a minute on 2 cores). 2 calls, 1 failure, 2 turns each.
-TOOL_SCRIPTS = [
-    ("3*4", call("multiply", a=3, b=4), "12"),
-    ("div", call("divide", a=1, b=2), "no"),
-]
-
-
-def tool_conversation(prompt: str, first: str, final: str, box) -> list[dict]:
-    """The scripted conversation with the tool messages the real `ToolBox` and parser produce
-    (built by the loop's own function, so the warm start hears exactly what the loop feeds back)."""
-    from lightning_rlpt.rollout.episodes import Episode, HermesToolParser
-    from lightning_rlpt.rollout.episodes.loop import _tool_messages
-
-    tools = _tool_messages(Episode([], []), HermesToolParser().parse(first), box, run=True)
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": first}, *tools,
-            {"role": "assistant", "content": final}]

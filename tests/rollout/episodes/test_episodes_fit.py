@@ -6,6 +6,7 @@ from __future__ import annotations
 import lightning as L
 
 import agent_task as at
+from episode_fixtures import tok, env_model_dir  # noqa: F401 (fixtures)
 from lightning_rlpt import PromptDataModule, RLModule
 
 

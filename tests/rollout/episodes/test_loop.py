@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import agent_task as at
+from episode_fixtures import tok, env_model_dir  # noqa: F401 (fixtures)
 from lightning_rlpt.rollout.episodes.agent import Agent, info_metrics
 from lightning_rlpt.rollout.episodes.rollout import rollout_episodes
 from lightning_rlpt.rollout.hf import HFGenerateEngine
@@ -112,38 +113,3 @@ def test_rollout_func_replaces_the_loop(env_model_dir, tok):
     with pytest.raises(TypeError, match=r"rollout_func must return one Episode per prompt row \(2\)"):
         run(env_model_dir, tok, env=None, rollout_func=lambda *a: ["x"])
 
-
-def tool_rollout(model_dir, tok, toolbox, prompts=None, max_turns=4, max_new_tokens=120):
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    engine = HFGenerateEngine(model, tok.eos_token_id, tok.pad_token_id)
-    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
-    prompts = prompts or [[{"role": "user", "content": p}] for p, _, _ in at.TOOL_SCRIPTS]
-    return rollout_episodes(Agent(tools=toolbox, max_turns=max_turns), engine, tok, {"prompt": prompts}, 1,
-                            sampling, 0, torch.device("cpu"))[0]
-
-
-def test_tool_episodes_results_and_metrics(tool_model_dir, tok, toolbox):
-    """Two scripted episodes: a good call answered "12", an unknown tool fed back as a tool
-    message starting "error: " (naming the tools) and answered: 2 calls, 1 failure, 2 turns each."""
-    exp = tool_rollout(tool_model_dir, tok, toolbox)
-    messages = exp.columns["completion_messages"]
-    assert [m["content"] for m in messages[0]] == [at.call("multiply", a=3, b=4), "12", "12"]
-    assert messages[1][1]["content"].startswith("error: ") and "multiply" in messages[1][1]["content"]
-    assert messages[1][-1]["content"] == "no"
-    assert exp.info["tool_calls"].tolist() == [1, 1] and exp.info["tool_failures"].tolist() == [0, 1]
-    metrics = info_metrics(exp.info, exp.completion_mask.sum(1))
-    assert metrics["tools/call_frequency"] == 1.0 and metrics["tools/failure_frequency"] == 0.5
-    assert metrics["turns/mean"] == 2.0 and metrics["turns/max"] == 2.0
-    # Row 0 by hand: the call text + </s>, then "<s>tool\n12</s><s>assistant\n" (1+5+2+1+1+10), then "12</s>".
-    first = len(at.call("multiply", a=3, b=4)) + 1
-    row = exp.completion_mask[0].tolist()
-    assert row[:first + 20 + 3] == [1] * first + [0] * 20 + [1] * 3 and sum(row) == first + 3
-    assert exp.truncated.tolist() == [False, False]
-
-
-def test_last_turn_counts_calls_without_running_them(tool_model_dir, tok, toolbox):
-    """max_turns=1: the call is parsed and counted, not run (no tool message), not truncated."""
-    exp = tool_rollout(tool_model_dir, tok, toolbox, max_turns=1)
-    assert exp.info["tool_calls"].tolist() == [1, 1] and exp.info["turns"].tolist() == [1, 1]
-    assert exp.info["tool_failures"].tolist() == [0, 0] and exp.truncated.tolist() == [False, False]
-    assert all(len(m) == 1 for m in exp.columns["completion_messages"]) and bool((exp.completion_mask.sum(1) > 0).all())

@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import agent_task as at
+from episode_fixtures import tok, env_model_dir  # noqa: F401 (fixtures)
 from lightning_rlpt import RLModule
 from lightning_rlpt.rollout.episodes.agent import Agent
 from lightning_rlpt.rollout.episodes.rollout import rollout_episodes

@@ -1,17 +1,15 @@
-"""Warm starts for the episode tests: tiny Llamas that replay scripted conversations under
+"""Fixtures of the episode tests (imported by each test module: a conftest.py here would shadow
+tests/conftest.py for `from conftest import ...`). Warm starts: tiny Llamas that replay scripted conversations under
 greedy decoding, trained once and kept in pytest's cache (they are a function of the scripts)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import agent_task as at  # noqa: E402
+import agent_task as at
 
 
 def cached_model(request, name: str, conversations):
@@ -33,16 +31,3 @@ def env_model_dir(request) -> str:
     """Replays `agent_task.ENV_SCRIPT` (three turns against `CountdownEnv`)."""
     return cached_model(request, "env", [(at.ENV_SCRIPT, None)])
 
-
-@pytest.fixture(scope="session")
-def toolbox():
-    from lightning_rlpt.rollout.episodes import ToolBox
-
-    return ToolBox([at.multiply])
-
-
-@pytest.fixture(scope="session")
-def tool_model_dir(request, toolbox) -> str:
-    """Replays every `agent_task.TOOL_SCRIPTS` conversation."""
-    convs = [(at.tool_conversation(p, first, final, toolbox), toolbox.schemas) for p, first, final in at.TOOL_SCRIPTS]
-    return cached_model(request, "tools", convs)
