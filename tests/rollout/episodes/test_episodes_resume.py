@@ -23,7 +23,8 @@ def test_resume_with_tools_and_an_environment(tmp_path, env_model_dir, tok):
                         generation={"max_new_tokens": 16, "temperature": 1.0})
 
     def make_data():
-        rows = [{"prompt": [{"role": "user", "content": p}]} for p in ("env", "3*4", "div", "envx")]
+        # 12 rows in batches of 2: the checkpoint at step 2 falls mid-epoch, as in tests/core/test_resume.py.
+        rows = [{"prompt": [{"role": "user", "content": p}]} for p in ("env", "3*4", "div", "envx") * 3]
         return PromptDataModule(rows, batch_size=2, seed=7)
 
     straight, resumed = straight_and_resumed(tmp_path, make_module, make_data, n=2)
