@@ -88,7 +88,7 @@ class CurriculumSampler(RLCallback):
     Example:
         >>> import torch
         >>> from lightning_rlpt.callbacks import CurriculumSampler
-        >>> cs = CurriculumSampler(weighting="beta", alpha=1.0, beta=1.0, min_weight=0.0)
+        >>> cs = CurriculumSampler(weighting="beta", alpha=1.0, beta=1.0, min_weight=0.0, use_as="loss")
         >>> cs.weights_for(torch.tensor([0.0, 0.5, 1.0]), torch.tensor([3.0, 3.0, 3.0])).tolist()
         [0.0, 0.25, 0.0]
     """

@@ -29,6 +29,7 @@ from .model.weights import policy_weights
 from .optim import build_optimizer, build_scheduler, default_optimizer
 from .rewards import RewardFunctions, TrainerState
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
+from .rollout.episodes import Agent
 from .stages.experience import MakeExperience
 from .stages.timing import StepTimer
 from .stages.update import PolicyUpdate
@@ -103,6 +104,11 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         rollout_logprobs: the built-in HF engine also reports the sampling (behaviour)
             log-probs (callbacks and losses that need them ask for them themselves:
             ``ESSScaledLR``, ``decoupled_ppo``); vLLM engines always report them.
+        tools / max_turns / tool_timeout / tool_parser / environment / rollout_func: multi-turn
+            episodes (`rollout.episodes.Agent`, docs/agents.md): tool functions, model turns per
+            episode (default 10 with tools or an environment), seconds per tool call, the
+            tool-call parser (Hermes ``<tool_call>`` by default), an environment factory, or a
+            ``rollout_func`` replacing the loop. Tool/environment tokens stay out of the loss.
         reference: force (True) or forbid (False) a reference model; None: when ``kl_coef > 0``.
         reference_dtype / reference_offload: a full-FT reference in e.g. ``"bfloat16"`` / on CPU between forwards.
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
@@ -172,15 +178,24 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         mask_truncated_completions: bool = False,
         top_entropy_quantile: float = 1.0,
         rollout_logprobs: bool = False,
+        tools: Any = None,
+        max_turns: int | None = None,
+        tool_timeout: float = 10.0,
+        tool_parser: Any = None,
+        environment: Any = None,
+        rollout_func: Any = None,
     ):
         super().__init__()
         check_model_source(model)
-        self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora", "optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora", "optimizer", "lr_scheduler",
+                                          "tools", "tool_parser", "environment", "rollout_func"])
         # What `export_checkpoint` needs to rebuild the model: the base path and the adapter config.
         # A local directory is recorded absolute, so an export from another working directory finds it.
+        # Saved beside the hyper-parameters, not in them: LightningCLI feeds a checkpoint's
+        # hyper-parameters back as constructor arguments (`fit/validate --ckpt_path`).
         path = None if isinstance(model, nn.Module) else str(model)
-        self.hparams["model_name_or_path"] = os.path.abspath(path) if path and os.path.isdir(path) else path
-        self.hparams["lora_config"] = lora_as_dict(lora)
+        self.model_source = {"model_name_or_path": os.path.abspath(path) if path and os.path.isdir(path) else path,
+                             "lora_config": lora_as_dict(lora)}
         self.automatic_optimization = False
         self.objective = resolve_objective(objective, dict(
             policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
@@ -212,6 +227,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         if self.sampling.temperature <= 0:
             raise ValueError("training rollouts must sample: generation temperature must be > 0")
         self.tokenizer = load_tokenizer(model, tokenizer)
+        self.agent = Agent(tools, max_turns, tool_timeout, tool_parser, environment, rollout_func)
+        self.agent.check(self.tokenizer)  # a template without tool support fails here, before any rollout
         self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
                                   gradient_checkpointing=gradient_checkpointing, seed=seed)
         if padding_free:
@@ -332,7 +349,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_rlpt"] = {"rng": self.rng.get_state(), "policy_version": self.policy_version,
-                                        "knobs": self.knobs.state_dict()}
+                                        "knobs": self.knobs.state_dict(), "model_source": self.model_source}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("lightning_rlpt")
@@ -348,7 +365,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     def validation_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
         n = self.hparams.val_samples
         seed = self.hparams.seed * 1_000_003 + batch_idx
-        exp, _ = collect.rollout(self.engine, self.tokenizer, batch, n, self.val_sampling, seed, self.device)
+        exp, _ = self.sample(batch, n, self.val_sampling, seed)  # episodes too, with tools/environments
         collect.score(exp, self.rewards, TrainerState.of(self._trainer))
         correct = (exp.rewards >= self.hparams.success_threshold).view(-1, n)
         for k, metric in self.val_pass.items():

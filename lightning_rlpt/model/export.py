@@ -1,7 +1,8 @@
 """A Lightning checkpoint of an `RLModule` out as a Hugging Face model directory.
 
-The checkpoint's hyper-parameters say how the policy was built (``model_name_or_path``,
-``lora_config``, ``quantization``, ``torch_dtype``, ``seed``: saved by ``RLModule.__init__``).
+The checkpoint says how the policy was built: ``model_name_or_path`` and ``lora_config`` (saved
+by ``RLModule.on_save_checkpoint``) and the hyper-parameters ``quantization``, ``torch_dtype``,
+``seed``.
 `export_checkpoint` rebuilds that policy from the base, checks that the checkpoint's ``policy.*``
 tensors fit it name by name and shape by shape, loads them, and only then writes:
 
@@ -62,7 +63,7 @@ def export_checkpoint(ckpt_path: str, out_dir: str, *, merge_lora: bool = True, 
     """
     check_out_dir(out_dir)
     ckpt = load_checkpoint(ckpt_path)
-    hparams = dict(ckpt.get("hyper_parameters") or {})
+    hparams = recorded_build(ckpt)
     base = base_model_path(hparams, model, ckpt_path)
     policy = rebuild_policy(base, hparams, ckpt["state_dict"])
     if not merge_lora and not is_peft(policy):
@@ -91,11 +92,18 @@ def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
                          "single-file checkpoints. Convert it to one file first (Lightning ships "
                          "`python -m lightning.fabric.utilities.consolidate_checkpoint DIR` for FSDP checkpoints)")
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
-    if not hparams or "model_name_or_path" not in hparams or "state_dict" not in ckpt:
-        raise ValueError(f"{ckpt_path!r} is not an RLModule checkpoint (no 'model_name_or_path' hyper-parameter or "
-                         "no state_dict): export a .ckpt saved by Lightning while training an RLModule")
+    if not isinstance(ckpt, dict) or "model_name_or_path" not in recorded_build(ckpt) or "state_dict" not in ckpt:
+        raise ValueError(f"{ckpt_path!r} is not an RLModule checkpoint (no recorded 'model_name_or_path' or no "
+                         "state_dict): export a .ckpt saved by Lightning while training an RLModule")
     return ckpt
+
+
+def recorded_build(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """How the policy was built: the hyper-parameters plus the base path and LoRA config that
+    `RLModule` saves under ``checkpoint["lightning_rlpt"]["model_source"]`` (checkpoints from
+    before that kept them among the hyper-parameters, which still works)."""
+    source = (ckpt.get("lightning_rlpt") or {}).get("model_source") or {}
+    return {**(ckpt.get("hyper_parameters") or {}), **source}
 
 
 def base_model_path(hparams: dict[str, Any], model: str | None, ckpt_path: str) -> str:

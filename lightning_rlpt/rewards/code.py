@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from .sandbox import Outcome, run_in_sandbox
-from .text import completion_text
+from .text import completion_text, required_column
 
 # A fenced block: its label, its body. Blocks are matched left to right, so a closing fence is
 # never taken for an opening one.
@@ -145,14 +145,8 @@ class CodeExecutionReward:
                 "reward_on_error='zero' scores such samples 0")
 
     def _tests(self, columns: dict[str, Any], n: int) -> list[tuple[str, ...]]:
-        if self.tests_column not in columns:
-            raise KeyError(f"code reward needs the tests in column {self.tests_column!r}, but the batch has "
-                           f"{sorted(columns)}. Map your dataset's column onto it, e.g. "
-                           f"PromptDataModule(..., columns={{'test_list': {self.tests_column!r}}}), or use "
-                           "CodeExecutionReward(tests_column='test_list')")
-        rows = list(columns[self.tests_column])
-        if len(rows) != n:
-            raise ValueError(f"column {self.tests_column!r} has {len(rows)} values for {n} completions")
+        rows = required_column(columns, self.tests_column, n, reward="code reward", holds="the tests",
+                               example_source="test_list", option="CodeExecutionReward(tests_column='test_list')")
         out = []
         for i, row in enumerate(rows):
             tests = (row,) if isinstance(row, str) else tuple(row) if isinstance(row, (list, tuple)) else None

@@ -6,7 +6,7 @@ import threading
 import warnings
 from typing import Any, Sequence
 
-from .text import completion_text
+from .text import completion_text, required_column
 
 
 class MathAnswerReward:
@@ -66,15 +66,8 @@ class MathAnswerReward:
         return scores
 
     def _golds(self, columns: dict[str, Any], n: int) -> list[Any]:
-        if self.column not in columns:
-            raise KeyError(f"math_answer needs the gold answers in column {self.column!r}, but the batch has "
-                           f"{sorted(columns)}. Map your dataset's column onto it, e.g. "
-                           f"PromptDataModule(..., columns={{'solution': {self.column!r}}}), or use "
-                           "MathAnswerReward(column='solution')")
-        golds = list(columns[self.column])
-        if len(golds) != n:
-            raise ValueError(f"column {self.column!r} has {len(golds)} values for {n} completions")
-        return golds
+        return required_column(columns, self.column, n, reward="math_answer", holds="the gold answers",
+                               example_source="solution", option="MathAnswerReward(column='solution')")
 
     def _parse_gold(self, gold: str, timeout: int | None) -> list:
         from math_verify import parse

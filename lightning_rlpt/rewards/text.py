@@ -1,4 +1,5 @@
-"""The text of a completion, whether it arrives as a string or as TRL's list of messages."""
+"""The text of a completion, whether it arrives as a string or as TRL's list of messages; the
+dataset column a ready-made reward reads."""
 from __future__ import annotations
 
 from typing import Any
@@ -28,3 +29,23 @@ def completion_text(completion: Any) -> str:
     if isinstance(content, list):  # multimodal-style parts: keep the text ones
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return str(content)
+
+
+def required_column(columns: dict[str, Any], name: str, n: int, *, reward: str, holds: str, example_source: str,
+                    option: str) -> list[Any]:
+    """The ``n`` values of dataset column ``name`` that ``reward`` reads, or an error that says
+    how to map a dataset's column onto it (``example_source``) or rename it (``option``).
+
+    Example:
+        >>> required_column({"answer": ["4"]}, "answer", 1, reward="math_answer", holds="the gold answers",
+        ...                 example_source="solution", option="MathAnswerReward(column='solution')")
+        ['4']
+    """
+    if name not in columns:
+        raise KeyError(f"{reward} needs {holds} in column {name!r}, but the batch has {sorted(columns)}. Map your "
+                       f"dataset's column onto it, e.g. PromptDataModule(..., columns={{{example_source!r}: {name!r}}}), "
+                       f"or use {option}")
+    values = list(columns[name])
+    if len(values) != n:
+        raise ValueError(f"column {name!r} has {len(values)} values for {n} completions")
+    return values

@@ -5,6 +5,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..batching import row_lengths
 from ..experience import Experience
 from ..padding import left_pad, right_pad
 from ..rewards import RewardFunctions, as_trl_completions
@@ -53,17 +54,22 @@ def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], 
     """Sample ``group_size`` completions per prompt; returns the experience and the count of
     truncated prompts. With ``seed_per_prompt`` each group's seed comes from ``seed`` and the
     prompt's dataset ``index``, so samples do not depend on batch composition or layout.
-    ``check_prompts(longest prompt, max_new_tokens)`` may refuse the batch before generation."""
+    ``check_prompts(longest prompt, max_new_tokens)`` may refuse the batch before generation.
+    (Multi-turn episodes: `episodes.rollout.rollout_episodes`, same arguments.)"""
     prompts = list(batch["prompt"])
     prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
     if check_prompts is not None:
         check_prompts(max(len(row) for row in prompt_ids), sampling.max_new_tokens)
     rep = [row for row in prompt_ids for _ in range(group_size)]
-    seeds: int | list[int] = seed
-    if seed_per_prompt:
-        seeds = [(seed + 1_000_003 * int(i)) % 2**62 for i in batch["index"] for _ in range(group_size)]
-    out = engine.generate(rep, sampling, seeds)
+    out = engine.generate(rep, sampling, row_seeds(batch, group_size, seed, seed_per_prompt))
     return to_experience(out, rep, tokenizer, batch, group_size, sampling, device), cut
+
+
+def row_seeds(batch: dict[str, list[Any]], group_size: int, seed: int, seed_per_prompt: bool) -> int | list[int]:
+    """``seed`` for the whole call, or with ``seed_per_prompt`` one per row from the prompt's ``index``."""
+    if not seed_per_prompt:
+        return seed
+    return [(seed + 1_000_003 * int(i)) % 2**62 for i in batch["index"] for _ in range(group_size)]
 
 
 def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: Any, batch: dict[str, list[Any]],
@@ -76,8 +82,10 @@ def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: A
     eos = tokenizer.eos_token_id
     width = max(1, max(len(c) for c in comp))
     completion_ids = right_pad(comp, tokenizer.pad_token_id, torch.long, width)
-    completion_mask = right_pad([[1] * len(c) for c in comp], 0, torch.long, width)
-    truncated = torch.tensor([len(c) == 0 or c[-1] != eos for c in comp])
+    # Tool/environment tokens of an episode: in the sequence, out of the loss (model_mask 0).
+    masks = out.model_mask if out.model_mask is not None else [[1] * len(c) for c in comp]
+    completion_mask = right_pad(masks, 0, torch.long, width)
+    truncated = torch.tensor(out.truncated if out.truncated is not None else [len(c) == 0 or c[-1] != eos for c in comp])
     behaviour = right_pad(out.logprobs, 0.0, torch.float32, width) if out.logprobs is not None else None
     texts = tokenizer.batch_decode([c[:-1] if c and c[-1] == eos else c for c in comp], skip_special_tokens=True)
     columns = {k: [v for v in vals for _ in range(group_size)] for k, vals in batch.items() if k != "prompt"}
@@ -100,11 +108,15 @@ def score(exp: Experience, rewards: RewardFunctions, trainer_state: Any = None) 
     conversational and as strings otherwise, ``completion_ids`` (EOS kept when sampled),
     ``trainer_state`` (when given) and every dataset column.
     """
-    ids = [row[m.bool()].tolist() for row, m in zip(exp.completion_ids.cpu(), exp.completion_mask.cpu())]
+    # Every token up to the last trained one (an episode's tool tokens included, padding not).
+    ends = row_lengths(exp)[1].tolist()
+    ids = [row[:end].tolist() for row, end in zip(exp.completion_ids.cpu(), ends)]
     extra: dict[str, Any] = {"completion_ids": ids}
     if trainer_state is not None:
         extra["trainer_state"] = trainer_state
     completions = as_trl_completions(exp.prompts, exp.completions)
+    if "completion_messages" in exp.columns and completions and not isinstance(completions[0], str):
+        completions = list(exp.columns["completion_messages"])  # an episode: every message after the prompt
     per_func, failures = rewards(exp.prompts, completions, exp.columns, **extra)
     exp.rewards_per_func = per_func.to(exp.completion_ids.device)
     exp.scores = rewards.combine(exp.rewards_per_func)

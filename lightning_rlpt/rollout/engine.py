@@ -25,10 +25,15 @@ class RolloutOutput:
 
     ``completion_ids[i]`` ends with EOS when the model stopped by itself. ``logprobs[i]`` (when
     the engine reports them) holds the sampling log-prob of each token of ``completion_ids[i]``.
+    Multi-turn episodes (``rollout/episodes``) also set ``model_mask[i]`` (1 on tokens the model
+    sampled, 0 on tool/environment tokens) and ``truncated[i]`` (a budget ended the episode);
+    engines leave both None: every token is the model's, and a row without a final EOS is truncated.
     """
 
     completion_ids: list[list[int]]
     logprobs: list[list[float]] | None = None
+    model_mask: list[list[int]] | None = None
+    truncated: list[bool] | None = None
 
 
 class RolloutEngine:

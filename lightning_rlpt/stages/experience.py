@@ -17,6 +17,8 @@ from ..model.logprobs import completion_logprobs
 from ..model.reference import onloaded
 from ..rewards import TrainerState
 from ..rollout import collect
+from ..rollout.episodes.agent import info_metrics
+from ..rollout.episodes.rollout import rollout_episodes
 
 
 class MakeExperience:
@@ -38,14 +40,23 @@ class MakeExperience:
         """Sample G completions per prompt, run ``on_rollout_end``, score them: the experience,
         reward failures per function and how many prompts were cut (also used by refills)."""
         with self.timer("rollout"):
-            exp, cut = collect.rollout(self.engine, self.tokenizer, batch, self.group_size, self.sampling, seed,
-                                       self.device, self.hparams.seed_per_prompt,
-                                       check_prompts=self.micro_batching.check_fits)
+            exp, cut = self.sample(batch, self.group_size, self.sampling, seed, self.hparams.seed_per_prompt,
+                                   self.micro_batching.check_fits)
         exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
         exp = call_hook(self.trainer, self, "on_rollout_end", exp)
         with self.timer("rewards"):
             failures = collect.score(exp, self.rewards, TrainerState.of(self._trainer))
         return exp, failures, cut
+
+    def sample(self, batch: dict[str, list[Any]], group_size: int, sampling: Any, seed: int,
+               seed_per_prompt: bool = False, check_prompts: Any = None) -> tuple[Experience, int]:
+        """`collect.rollout`, or multi-turn episodes when the module has tools, an environment or
+        a ``rollout_func`` (`rollout.episodes.rollout_episodes`): training and validation alike."""
+        args = (self.engine, self.tokenizer, batch, group_size, sampling, seed, self.device, seed_per_prompt,
+                check_prompts)
+        if self.agent.active:
+            return rollout_episodes(self.agent, *args, max_context=self._max_context())
+        return collect.rollout(*args)
 
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
         """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""
@@ -57,6 +68,23 @@ class MakeExperience:
         metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
                                           counts[:-1])
         self._log_dict({**metrics, "prompts/truncated": float(counts[-1])}, sync=False)
+        if "turns" in exp.info:  # multi-turn episodes (rollout/episodes)
+            self._log_dict(self._episode_metrics(exp), sync=False)
+
+    def _episode_metrics(self, exp: Experience) -> dict[str, float]:
+        keys = ("turns", "tool_calls", "tool_failures", "episode_tokens")
+        parts = [exp.info[k] for k in keys] + [exp.completion_mask.sum(1)]
+        if self.trainer.world_size > 1:
+            parts = [g.flatten(0, 1) for g in self.all_gather(parts)]
+        return info_metrics(dict(zip(keys, parts)), parts[-1])
+
+    def _max_context(self) -> int | None:
+        """Prompt + episode tokens at most: the engine's context (vLLM's ``max_model_len``) or
+        the model's positions, whichever is smaller."""
+        limits = [getattr(self.engine, "max_model_len", None),
+                  getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)]
+        limits = [int(x) for x in limits if isinstance(x, int)]
+        return min(limits) if limits else None
 
     @torch.no_grad()
     def _fill_logprobs(self, exp: Experience) -> None:

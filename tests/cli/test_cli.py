@@ -5,6 +5,7 @@ commands, `plot` on the fit's metrics and on a directory without any, and `expor
 at the path the README and docs/cli.md give (tests/test_export.py checks what an export computes)."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -87,6 +88,25 @@ def test_fit_writes_the_final_checkpoint_at_the_documented_path(fit_run):
     ckpt = torch.load(fit_run / CHECKPOINT, map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 3  # saved when the fit ended, not only at the validation of step 2
     assert "policy.model.embed_tokens.weight" in ckpt["state_dict"]
+
+
+def test_validate_and_a_resumed_fit_take_the_checkpoint(fit_run, tmp_path):
+    """``--ckpt_path``: LightningCLI feeds the checkpoint's hyper-parameters back as ``model.*``
+    options, so every one of them must be a constructor argument. ``validate`` scores the
+    checkpoint's policy; ``fit`` resumes from step 3 to 4 (in a scratch copy of the run)."""
+    os.symlink(os.path.join(ROOT, "examples"), tmp_path / "examples")
+    os.makedirs(tmp_path / os.path.dirname(CHECKPOINT))
+    shutil.copy(fit_run / CHECKPOINT, tmp_path / CHECKPOINT)
+    quiet = override(tmp_path, trainer={"max_steps": 4, "enable_progress_bar": False}, model={"group_size": 4},
+                     data={"batch_size": 2})
+    for command in ("validate", "fit"):
+        out = subprocess.run([SCRIPT, command, "--config", "examples/arithmetic/config.yaml", "--config", quiet,
+                              "--ckpt_path", CHECKPOINT], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, (command, out.stderr[-3000:])
+        if command == "validate":
+            assert "val/accuracy" in out.stdout
+    resumed = torch.load(tmp_path / CHECKPOINT, map_location="cpu", weights_only=False)
+    assert resumed["global_step"] == 4 and resumed["lightning_rlpt"]["policy_version"] == 4
 
 
 def test_print_config_shows_module_data_and_trainer_keys(capsys):

@@ -50,7 +50,10 @@ cases = dict(
     no_entropy=case(18, 16, 37, True, 1.0, False, [5], 2),
     via_op=case(9, 8, 41, True, 0.9, True, [3], 1, via_op=True),
 )
-print(json.dumps(dict(kernel_type=type(tri._forward_kernel).__name__, cases=cases)))
+import doctest
+examples = doctest.testmod(tri, report=False)
+print(json.dumps(dict(kernel_type=type(tri._forward_kernel).__name__, cases=cases,
+                      examples=[examples.attempted, examples.failed])))
 """
 
 TOL = 1e-5
@@ -66,6 +69,11 @@ def results():
 
 def test_kernels_ran_in_the_interpreter(results):
     assert results["kernel_type"] == "InterpretedFunction"
+
+
+def test_docstring_examples_run_in_the_interpreter(results):
+    attempted, failed = results["examples"]
+    assert attempted >= 4 and failed == 0
 
 
 @pytest.mark.parametrize("name", ["one_block", "partial_tiles", "vocab_splits", "via_op"])

@@ -63,6 +63,23 @@ def test_export_computes_the_trained_policys_logits(trained, tmp_path):
     assert AutoTokenizer.from_pretrained(out)("12+34=")["input_ids"] == module.tokenizer("12+34=")["input_ids"]
 
 
+@pytest.mark.parametrize("trained", ["lora"], indirect=True)
+def test_checkpoints_that_kept_the_base_path_among_the_hyper_parameters_still_export(trained, tmp_path):
+    """Before 2026-12-04 RLModule saved ``model_name_or_path`` / ``lora_config`` as hyper-parameters;
+    now they sit under ``checkpoint["lightning_rlpt"]["model_source"]``, out of LightningCLI's way."""
+    _, module, ckpt = trained
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert "model_name_or_path" not in state["hyper_parameters"]
+    source = state["lightning_rlpt"].pop("model_source")
+    assert source["lora_config"]["r"] == 4
+    state["hyper_parameters"].update(source)
+    old = tmp_path / "old.ckpt"
+    torch.save(state, old)
+    new_logits = logits(AutoModelForCausalLM.from_pretrained(export_checkpoint(ckpt, str(tmp_path / "new"))))
+    old_logits = logits(AutoModelForCausalLM.from_pretrained(export_checkpoint(str(old), str(tmp_path / "old"))))
+    assert torch.equal(new_logits, old_logits)
+
+
 @pytest.mark.parametrize("trained", ["full"], indirect=True)
 def test_adapter_only_of_a_full_fine_tune_fails(trained, tmp_path):
     _, _, ckpt = trained

@@ -1,0 +1,153 @@
+"""Tool calls parsed out of a model turn: the `ToolCall` record, the parser protocol and the
+default `HermesToolParser` (Qwen2.5/Qwen3/Hermes chat templates).
+
+A parser never raises for the model's mistakes: a call it cannot read becomes an entry in
+`ParsedTurn.errors`, which the episode loop feeds back to the model as a failed tool message
+(and counts in ``tools/failure_frequency``), so the model learns the format instead of the run
+crashing.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Union, runtime_checkable
+
+
+@dataclass
+class ToolCall:
+    """One call the model asked for.
+
+    Args:
+        name: the tool's name as the model wrote it (not yet checked against the tools).
+        arguments: the call's keyword arguments (JSON object).
+    """
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParsedTurn:
+    """What a parser found in one model turn.
+
+    Args:
+        calls: the well-formed calls, in the order written.
+        errors: one message per call that could not be read, saying what was wrong.
+    """
+
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def has_calls(self) -> bool:
+        """True when the turn asked for anything (a call or an unreadable attempt): the episode
+        then continues with tool messages instead of ending."""
+        return bool(self.calls or self.errors)
+
+
+@runtime_checkable
+class ToolParser(Protocol):
+    """Anything with ``parse(text) -> ParsedTurn``."""
+
+    def parse(self, text: str) -> ParsedTurn: ...
+
+
+ParserLike = Union[ToolParser, Callable[[str], ParsedTurn]]
+
+
+class HermesToolParser:
+    """Reads ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, the format of
+    the Hermes and Qwen2.5/Qwen3 chat templates. Several calls per turn are allowed.
+
+    An unclosed ``<tool_call>`` (the turn stopped mid-call) is an error, as are JSON that does
+    not parse, a value that is not an object, a missing or non-string ``name``, and
+    ``arguments`` that are not an object. ``arguments`` given as a JSON *string* holding an
+    object (some models write that) is accepted and decoded.
+
+    Args:
+        start: the opening tag.
+        end: the closing tag.
+
+    Example:
+        >>> turn = HermesToolParser().parse('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
+        >>> turn.calls, turn.errors
+        ([ToolCall(name='add', arguments={'a': 1})], [])
+        >>> HermesToolParser().parse('<tool_call>{"name": add}</tool_call>').errors[0][:37]
+        'tool call 1 is not valid JSON (Expect'
+    """
+
+    def __init__(self, start: str = "<tool_call>", end: str = "</tool_call>"):
+        self.start, self.end = start, end
+        self._block = re.compile(re.escape(start) + r"(.*?)(" + re.escape(end) + r"|$)", re.DOTALL)
+
+    def parse(self, text: str) -> ParsedTurn:
+        turn = ParsedTurn()
+        for i, match in enumerate(self._block.finditer(text), start=1):
+            body, closed = match.group(1), bool(match.group(2))
+            if not closed:
+                turn.errors.append(f"tool call {i} has no closing {self.end}; write "
+                                   f'{self.start}{{"name": ..., "arguments": {{...}}}}{self.end}')
+                continue
+            call = self._decode(body.strip(), i)
+            if isinstance(call, str):
+                turn.errors.append(call)
+            else:
+                turn.calls.append(call)
+        return turn
+
+    def _decode(self, body: str, i: int) -> ToolCall | str:
+        """The call in one block, or the error message (a string) saying what was wrong."""
+        fmt = f'write {self.start}{{"name": "<tool>", "arguments": {{...}}}}{self.end}'
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError as err:
+            return f"tool call {i} is not valid JSON ({err}); {fmt}"
+        if not isinstance(value, dict):
+            return f"tool call {i} is a JSON {type(value).__name__}, not an object; {fmt}"
+        name, arguments = value.get("name"), value.get("arguments", {})
+        if not isinstance(name, str) or not name:
+            return f'tool call {i} has no "name" string; {fmt}'
+        if isinstance(arguments, str):  # some models JSON-encode the arguments twice
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(arguments, dict):
+            return f'tool call {i} ({name}): "arguments" must be a JSON object, got {type(arguments).__name__}; {fmt}'
+        return ToolCall(name, arguments)
+
+
+def as_parser(parser: ParserLike | None) -> ToolParser:
+    """The parser to use: `HermesToolParser` for None, the object itself when it has
+    ``parse``, a wrapper for a plain callable ``text -> ParsedTurn``.
+
+    Args:
+        parser: None, an object with ``parse(text)``, or a callable.
+
+    Example:
+        >>> as_parser(None).__class__.__name__
+        'HermesToolParser'
+        >>> as_parser(lambda text: ParsedTurn()).parse("hi")
+        ParsedTurn(calls=[], errors=[])
+    """
+    if parser is None:
+        return HermesToolParser()
+    if hasattr(parser, "parse"):
+        return parser  # type: ignore[return-value]
+    if callable(parser):
+        return _CallableParser(parser)
+    raise TypeError(f"tool_parser must have a parse(text) method or be a callable text -> ParsedTurn, "
+                    f"got {type(parser).__name__}")
+
+
+class _CallableParser:
+    def __init__(self, fn: Callable[[str], ParsedTurn]):
+        self.fn = fn
+
+    def parse(self, text: str) -> ParsedTurn:
+        turn = self.fn(text)
+        if not isinstance(turn, ParsedTurn):
+            raise TypeError(f"tool_parser {getattr(self.fn, '__name__', self.fn)!r} returned "
+                            f"{type(turn).__name__}; it must return a ParsedTurn(calls, errors)")
+        return turn
