@@ -133,6 +133,8 @@ def as_parser(parser: ParserLike | None) -> ToolParser:
     """
     if parser is None:
         return HermesToolParser()
+    if isinstance(parser, type):
+        raise TypeError(f"tool_parser is the class {parser.__name__}; pass an instance, e.g. {parser.__name__}()")
     if hasattr(parser, "parse"):
         return parser  # type: ignore[return-value]
     if callable(parser):

@@ -64,5 +64,7 @@ def test_parser_plug_ins():
     assert as_parser(custom) is custom
     with pytest.raises(TypeError, match="returned str; it must return a ParsedTurn"):
         as_parser(lambda text: text).parse("x")
+    with pytest.raises(TypeError, match=r"tool_parser is the class HermesToolParser; pass an instance, e.g. HermesToolParser\(\)"):
+        as_parser(HermesToolParser)
     with pytest.raises(TypeError, match="tool_parser must have a parse"):
         as_parser(3)
