@@ -41,7 +41,7 @@ def encode(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def train(traces: list[dict], steps: int, batch_size: int = 32, lr: float = 2e-3, seed: int = 0,
+def train(traces: list[dict], steps: int, batch_size: int = 16, lr: float = 2e-3, seed: int = 0,
           eval_every: int = 0):
     tokenizer = task.build_tokenizer()
     model = task.build_model(seed=seed)

@@ -112,6 +112,7 @@ def fresh_model_dir(tmp_path_factory) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_no_tool_arm_runs_end_to_end(fresh_model_dir, tmp_path):
     import run  # examples/tool_calculator/run.py
 
@@ -121,4 +122,20 @@ def test_no_tool_arm_runs_end_to_end(fresh_model_dir, tmp_path):
     assert r["calls_before"] == r["calls_after"] == 0.0  # without tools= nothing is ever executed
     with open(r["metrics"]) as f:
         assert len([line for line in f if line.strip()]) >= 3  # header + one row per step
+    assert os.path.getsize(tmp_path / "comparison.png") > 5_000
+
+
+@pytest.mark.slow
+def test_tool_arm_runs_end_to_end_with_episode_metrics(fresh_model_dir, tmp_path):
+    """RLModule(tools=[multiply]) on the example's tokenizer: the template passes the start check, episodes
+    run, and tools/call_frequency is logged every step (a fresh model rarely calls, so only its range is known)."""
+    import csv
+
+    import run
+
+    results = run.main(["--model", fresh_model_dir, "--arms", "tools", "--steps", "2", "--prompts", "2",
+                        "--group-size", "2", "--max-new-tokens", "8", "--eval-n", "4", "--out", str(tmp_path)])
+    with open(results["tools"]["metrics"]) as f:
+        freq = [float(r["tools/call_frequency"]) for r in csv.DictReader(f) if r.get("tools/call_frequency")]
+    assert len(freq) == 2 and all(0.0 <= x <= 1.0 for x in freq)
     assert os.path.getsize(tmp_path / "comparison.png") > 5_000
