@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-tools test install clean bench-trl bench-memory
+.PHONY: demo test install clean bench-trl bench-memory
 
 install: $(STAMP)
 
@@ -22,9 +22,6 @@ demo: $(STAMP)
 	$(PY) examples/arithmetic/run.py
 
 # The tool-calling example (issue 15): GRPO with a multiply tool vs the same budget without it.
-demo-tools: $(STAMP)
-	$(PY) examples/tool_calculator/run.py
-
 test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
 

@@ -17,7 +17,7 @@ import json
 import os
 import random
 
-import task
+import calculator as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOL_SHARE = 0.5

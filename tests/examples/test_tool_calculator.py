@@ -10,10 +10,10 @@ from transformers.utils import get_json_schema
 
 CALCULATOR = os.path.join(ROOT, "examples", "tool_calculator")
 sys.path.insert(0, CALCULATOR)  # this test exercises the example itself
-import evaluate  # noqa: E402  (examples/tool_calculator/evaluate.py)
+import greedy_eval as evaluate  # noqa: E402  (examples/tool_calculator/greedy_eval.py)
 import make_traces  # noqa: E402
-import task  # noqa: E402
-import warm_start  # noqa: E402
+import calculator as task  # noqa: E402
+import calculator_sft as warm_start  # noqa: E402
 
 SCHEMAS = [get_json_schema(task.multiply)]
 
@@ -38,8 +38,7 @@ def test_shipped_traces_are_what_make_traces_writes_and_mix_tool_calls_with_dire
 
 
 def test_every_traced_tool_call_parses_to_the_prompts_factors():
-    parsing = pytest.importorskip("lightning_rlpt.rollout.episodes.parsing")  # agent-tools' parser, once merged
-    HermesToolParser, ToolCall = parsing.HermesToolParser, parsing.ToolCall
+    from lightning_rlpt.rollout.episodes.parsing import HermesToolParser, ToolCall
 
     parser = HermesToolParser()
     for t in shipped_traces():
@@ -91,7 +90,7 @@ def test_reward_reads_the_last_assistant_turn_of_messages_or_text():
 
 
 def test_template_passes_the_libraries_tools_check():
-    template = pytest.importorskip("lightning_rlpt.rollout.episodes.template")  # agent-tools' check, once merged
+    from lightning_rlpt.rollout.episodes import template
     template.check_tools_template(task.build_tokenizer(), SCHEMAS)  # raises when tools= or tool messages are ignored
 
 
@@ -114,7 +113,7 @@ def fresh_model_dir(tmp_path_factory) -> str:
 
 @pytest.mark.slow
 def test_no_tool_arm_runs_end_to_end(fresh_model_dir, tmp_path):
-    import run  # examples/tool_calculator/run.py
+    import run_calculator as run  # examples/tool_calculator/run_calculator.py
 
     results = run.main(["--model", fresh_model_dir, "--arms", "no_tools", "--steps", "2", "--prompts", "2",
                         "--group-size", "2", "--max-new-tokens", "8", "--eval-n", "4", "--out", str(tmp_path)])
@@ -131,7 +130,7 @@ def test_tool_arm_runs_end_to_end_with_episode_metrics(fresh_model_dir, tmp_path
     run, and tools/call_frequency is logged every step (a fresh model rarely calls, so only its range is known)."""
     import csv
 
-    import run
+    import run_calculator as run  # examples/tool_calculator/run_calculator.py
 
     results = run.main(["--model", fresh_model_dir, "--arms", "tools", "--steps", "2", "--prompts", "2",
                         "--group-size", "2", "--max-new-tokens", "8", "--eval-n", "4", "--out", str(tmp_path)])

@@ -53,7 +53,7 @@ class Agent:
     def check(self, tokenizer: Any) -> None:
         """Refuse, before any rollout, a chat template that cannot render tool messages."""
         if self.toolbox is not None:
-            from .template import check_tools_template  # agent-tools' module
+            from .template import check_tools_template
             check_tools_template(tokenizer, self.toolbox.schemas)
 
     def sampling(self, sampling: SamplingConfig) -> SamplingConfig:

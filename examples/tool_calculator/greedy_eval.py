@@ -14,7 +14,7 @@ import re
 import torch
 from transformers.utils import get_json_schema
 
-import task
+import calculator as task
 
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 

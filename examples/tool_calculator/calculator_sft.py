@@ -5,7 +5,7 @@ The loss covers the assistant turns only (the tool call and the final answer, ea
 and direct answers (see make_traces.py), so the warm start calls the tool on part of the prompts
 only and leaves RL room. The step count was chosen on the dev products, not the test ones. The
 result is small and shipped in ``warm_start/``; this script rebuilds it bit for bit on CPU (fixed
-seeds): ``python examples/tool_calculator/warm_start.py``.
+seeds): ``python examples/tool_calculator/calculator_sft.py``.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import random
 import torch
 from transformers.utils import get_json_schema
 
-import evaluate
-import task
+import greedy_eval as evaluate  # noqa: E402  (examples/tool_calculator/greedy_eval.py)
+import calculator as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DIR = os.path.join(HERE, "warm_start")

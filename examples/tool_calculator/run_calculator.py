@@ -8,8 +8,8 @@ of ``task.split_pairs()`` by `evaluate.evaluate` (greedy; the tool runs only in 
 Metrics go to ``runs/tool_calculator/{tools,no_tools}/metrics.csv``; ``comparison.png`` beside
 them plots reward and tool-call frequency over training for both arms.
 
-    python examples/tool_calculator/run.py             # both arms (make demo-tools)
-    python examples/tool_calculator/run.py --steps 5   # a short run
+    python examples/tool_calculator/run_calculator.py  # both arms (needs a warm start: docs/agents_example.md)
+    python examples/tool_calculator/run_calculator.py --steps 5  # a short run
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from lightning.pytorch.loggers import CSVLogger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import evaluate  # noqa: E402
-import task  # noqa: E402
+import greedy_eval as evaluate  # noqa: E402  (examples/tool_calculator/greedy_eval.py)
+import calculator as task  # noqa: E402
 
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
 
