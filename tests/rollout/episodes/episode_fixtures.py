@@ -1,23 +1,18 @@
 """Fixtures of the episode tests (imported by each test module: a conftest.py here would shadow
 tests/conftest.py for `from conftest import ...`). Warm starts: tiny Llamas that replay scripted conversations under
-greedy decoding, trained once and kept in pytest's cache (they are a function of the scripts)."""
+greedy decoding, trained once per test session (no state kept between runs: a changed script or
+training recipe can never meet a stale model)."""
 from __future__ import annotations
-
-import hashlib
-import json
-import os
 
 import pytest
 
 import agent_task as at
 
 
-def cached_model(request, name: str, conversations):
-    key = hashlib.sha256(json.dumps([at.TEMPLATE, conversations], sort_keys=True).encode()).hexdigest()[:12]
-    path = str(request.config.cache.mkdir(f"episodes-{name}-{key}"))
-    if not os.path.exists(os.path.join(path, "config.json")):
-        at.memorise(conversations).save_pretrained(path)
-        at.build_tokenizer().save_pretrained(path)
+def cached_model(tmp_path_factory, name: str, conversations):
+    path = str(tmp_path_factory.mktemp(f"episodes-{name}"))
+    at.memorise(conversations).save_pretrained(path)
+    at.build_tokenizer().save_pretrained(path)
     return path
 
 
@@ -27,7 +22,7 @@ def tok():
 
 
 @pytest.fixture(scope="session")
-def env_model_dir(request) -> str:
+def env_model_dir(tmp_path_factory) -> str:
     """Replays `agent_task.ENV_SCRIPT` (three turns against `CountdownEnv`)."""
-    return cached_model(request, "env", [(at.ENV_SCRIPT, None)])
+    return cached_model(tmp_path_factory, "env", [(at.ENV_SCRIPT, None)])
 
