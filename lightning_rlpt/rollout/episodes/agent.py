@@ -10,7 +10,7 @@ import torch
 from ..engine import RolloutEngine, RolloutOutput
 from ..sampling import SamplingConfig
 from .episode import Episode, episode_metrics
-from .environment import check_reset
+from .environment import check_reset, make_environment
 from .loop import run_episodes
 from .parsing import as_parser
 from .tools import ToolBox
@@ -70,7 +70,7 @@ class Agent:
             return [], prompts
         envs, out = [], []
         for row, prompt in zip(rows, prompts):
-            env = self.environment()
+            env = make_environment(self.environment)
             observation = check_reset(env, env.reset(row))
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
             out.append(messages + [{"role": "user", "content": observation}] if observation else prompt)

@@ -3,7 +3,7 @@
 Each turn generates for the rows still running, parses tool calls from the new text, runs the
 tools and/or the environment, and appends their messages as the chat template renders them.
 The model's own tokens are never re-tokenized: only the template's text *after* the model's
-turn (`suffix_ids`) is tokenized and marked as not-model tokens.
+turn (`template.render_suffix`) is tokenized and marked as not-model tokens.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ..sampling import SamplingConfig
 from .episode import Episode
 from .environment import check_step
 from .parsing import as_parser
+from .template import render_suffix
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -124,7 +125,8 @@ def _step(ep: Episode, ids: list[int], logprobs: list[float] | None, tokenizer: 
             new.append({"role": "user", "content": observation})
     if done or last_turn or not new:
         return False
-    suffix = suffix_ids(tokenizer, chat + ep.messages, new, text, template_kwargs)
+    suffix = render_suffix(tokenizer, chat + ep.messages, new, template_kwargs,
+                           model_end=tokenizer.eos_token or "")
     if min(budget - ep.model_tokens, _context_left(ep, prompt_len, max_context) - len(suffix)) < 1:
         ep.truncated = True  # no room left for the model to answer the observation
         return False
@@ -150,25 +152,6 @@ def _tool_messages(ep: Episode, parsed: Any, tools: Any, run: bool) -> list[dict
         out.append({"role": "tool", "name": call.name, "content": result.content})
     out += [{"role": "tool", "content": f"error: {e}"} for e in errors]
     return out
-
-
-def suffix_ids(tokenizer: Any, messages: list[dict], new: list[dict], model_text: str,
-               template_kwargs: dict | None = None) -> list[int]:
-    """Token ids of the template's text after the model's turn when ``new`` messages follow it
-    (with the generation prompt for the next turn): the string difference of the two renderings,
-    starting right after the model's text and its end-of-turn token, so the ids continue exactly
-    where the model's sampled tokens stopped."""
-    kw = template_kwargs or {}
-    short = tokenizer.apply_chat_template(messages, tokenize=False, **kw)
-    longer = tokenizer.apply_chat_template(messages + new, tokenize=False, add_generation_prompt=True, **kw)
-    end = short.rfind(model_text) + len(model_text)
-    eos = tokenizer.eos_token or ""
-    if eos and short.startswith(eos, end):
-        end += len(eos)
-    if short.rfind(model_text) < 0 or longer[:end] != short[:end]:
-        raise ValueError("the chat template does not render a conversation as a prefix of the same conversation "
-                         "with more messages appended; multi-turn episodes need a template that only appends")
-    return tokenizer(longer[end:], add_special_tokens=False)["input_ids"]
 
 
 def _as_messages(prompt: Any) -> list[dict[str, Any]]:
