@@ -6,15 +6,17 @@ from typing import Any
 
 import lightning as L
 
-from lightning_rlpt.hooks import RLCallback, check_module
+from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype, refuse_fp16_on_cpu
 from lightning_rlpt.model.weights import check_not_repacked, policy_weights
 from lightning_rlpt.rollout import RolloutEngine
 from lightning_rlpt.rollout.vllm.checks import context_length, import_vllm, model_config
 from lightning_rlpt.rollout.vllm.engine import VLLMEngine
 
+from ._engine import EngineCallback
 
-class VLLMRollout(RLCallback):
+
+class VLLMRollout(EngineCallback):
     """Replace the module's rollout engine with a colocated vLLM engine for the run.
 
     At ``setup`` (fit, or validate when ``validate=True``) the inputs are checked and a
@@ -90,15 +92,13 @@ class VLLMRollout(RLCallback):
         import_vllm()  # fail first, with the install command, if vLLM is missing
         refuse_fp16_on_cpu(trainer)
         self._check(pl_module)
-        self._previous = pl_module.rollout_engine
         # The precision plugin converts the policy only after setup: take the dtype from the trainer.
         options = {**self.options, "dtype": self.options["dtype"] or precision_dtype(trainer.precision)}
-        self.engine = self._given or VLLMEngine.from_module(
+        self._install(pl_module, self._given or VLLMEngine.from_module(
             pl_module, overrides=self.overrides, sync_every=self.sync_every,
-            sleep_between_phases=self.sleep_between_phases, **options)
+            sleep_between_phases=self.sleep_between_phases, **options))
         if self._given is not None:
             self._adopt(self._given, pl_module)
-        pl_module.rollout_engine = self.engine
 
     def _check(self, module: L.LightningModule) -> None:
         check_module(self, module)
@@ -146,22 +146,7 @@ class VLLMRollout(RLCallback):
         if self.engine is not None:
             self.engine.where = f"global step {trainer.global_step}, validation batch {batch_idx}"
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.engine is not None:
-            self.engine.phase = "training"
-
-    # ---------------------------------------------------------------- shutdown
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._release(pl_module)
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._release(pl_module)
-
-    def _release(self, module: L.LightningModule) -> None:
-        if self.engine is None:
-            return
-        if module.rollout_engine is self.engine:
-            module.rollout_engine = self._previous
-        if self.engine is not self._given:
-            self.engine.close()
-        self.engine, self._previous = None, None
+    # ---------------------------------------------------------------- shutdown (EngineCallback releases)
+    def _close(self, engine: VLLMEngine) -> None:
+        if engine is not self._given:  # a caller's engine stays open for the caller
+            engine.close()

@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 
-from lightning_rlpt.hooks import RLCallback, check_module
+from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout import RolloutEngine
@@ -18,11 +18,13 @@ from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
 from lightning_rlpt.rollout.vllm.transport import write_snapshot
 
+from ._engine import EngineCallback
+
 LAUNCH_KEYS = ("num_servers", "max_model_len", "kv_cache_memory_bytes", "dtype", "startup_timeout", "extra_args",
                "log_dir", "seed", "env")
 
 
-class VLLMServerRollout(RLCallback):
+class VLLMServerRollout(EngineCallback):
     """Replace the module's rollout engine with a `RemoteVLLMEngine` over vLLM servers.
 
     Give ``urls`` of running servers (started from the policy's checkpoint with
@@ -99,7 +101,7 @@ class VLLMServerRollout(RLCallback):
         servers = self._launch(trainer, pl_module, needed) if self.launch else []
         try:
             urls = [s.url for s in servers] or list(self.urls)
-            self.engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
+            engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
                                            transport=self.transport, sync_every=self.sync_every,
                                            overrides=self.overrides,
                                            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
@@ -108,13 +110,12 @@ class VLLMServerRollout(RLCallback):
             for server in servers:
                 server.stop()
             raise
+        self._install(pl_module, engine)
         self.engine.check_model(pl_module.policy, pl_module.tokenizer, needed)  # before any weight is sent
-        self._previous = pl_module.rollout_engine
-        pl_module.rollout_engine = self.engine
 
     def _launch(self, trainer: L.Trainer, module: L.LightningModule, needed: int) -> list[VLLMServer]:
         config = model_config(module.policy)
-        check_head_dim(config, on_gpu=False if not _cuda() else True)
+        check_head_dim(config, on_gpu=_cuda())
         dtype = self.launch.get("dtype") or precision_dtype(trainer.precision) or policy_dtype(module.policy)
         dtype = getattr(__import__("torch"), dtype) if isinstance(dtype, str) else dtype
         self._export_dir = export_model_dir(config, module.tokenizer, dtype, tempfile.mkdtemp(prefix="rlpt-serve-"))
@@ -158,23 +159,8 @@ class VLLMServerRollout(RLCallback):
         if self.engine.policy_version != pl_module.policy_version:
             self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.engine is not None:
-            self.engine.phase = "training"
-
-    # ---------------------------------------------------------------- shutdown
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._release(pl_module)
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._release(pl_module)
-
-    def _release(self, module: L.LightningModule) -> None:
-        if self.engine is not None:
-            if module.rollout_engine is self.engine:
-                module.rollout_engine = self._previous
-            self.engine.close()  # stops the servers it launched, by pid
-            self.engine, self._previous = None, None
+    # ---------------------------------------------------------------- shutdown (EngineCallback releases)
+    def _cleanup(self) -> None:  # the engine's close() stops the servers it launched, by pid
         if self._export_dir:
             shutil.rmtree(self._export_dir, ignore_errors=True)
             self._export_dir = None

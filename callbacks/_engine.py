@@ -1,0 +1,47 @@
+"""What the callbacks that install a rollout engine share (`VLLMRollout`, `VLLMServerRollout`):
+make an engine the module's rollout engine, mark the validation phase's end, and at teardown or
+on an exception put the previous engine back and close what this callback started."""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+from lightning_rlpt.hooks import RLCallback
+
+
+class EngineCallback(RLCallback):
+    """Base of the engine-installing callbacks. Subclasses set ``self.engine`` through
+    `_install` in ``setup`` and override `_close` (how their engine ends) and `_cleanup`
+    (anything else they made), both called from `_release`."""
+
+    engine: Any = None
+    _previous: Any = None
+
+    def _install(self, module: L.LightningModule, engine: Any) -> None:
+        self._previous, self.engine = module.rollout_engine, engine
+        module.rollout_engine = engine
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.engine is not None:
+            self.engine.phase = "training"
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._release(pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._release(pl_module)
+
+    def _release(self, module: L.LightningModule) -> None:
+        if self.engine is not None:
+            if module.rollout_engine is self.engine:
+                module.rollout_engine = self._previous
+            self._close(self.engine)
+            self.engine, self._previous = None, None
+        self._cleanup()
+
+    def _close(self, engine: Any) -> None:
+        engine.close()
+
+    def _cleanup(self) -> None:
+        """Remove what the callback made besides its engine (nothing by default)."""
