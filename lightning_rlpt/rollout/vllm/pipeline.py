@@ -197,8 +197,9 @@ class RolloutPipeline(RolloutEngine):
             entry.result()
 
     def close(self) -> None:
-        """Stop the worker (requests in flight end with the servers or their timeouts)."""
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        """Stop the worker: queued batches are dropped, the one in flight is waited for (its HTTP
+        calls are bounded by the pool's timeouts), so no stray request reaches the servers later."""
+        self._worker.shutdown(wait=True, cancel_futures=True)
 
     # ---------------------------------------------------------------- checkpoint
     def state_dict(self) -> dict[str, Any]:
