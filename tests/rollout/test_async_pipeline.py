@@ -75,6 +75,22 @@ def test_lookahead_yields_the_loaders_batches_across_epochs(arithmetic_rows):
     assert [resumed.next()["index"] for _ in range(4)] == expected[5:9]
 
 
+def test_lookahead_follows_a_batch_sampler_and_refuses_an_iterable_dataset(arithmetic_rows):
+    from torch.utils.data import BatchSampler, IterableDataset, SequentialSampler
+
+    rows = PromptDataset(arithmetic_rows[:6])
+    loader = DataLoader(rows, batch_sampler=BatchSampler(SequentialSampler(rows), 4, False), collate_fn=collate_prompts)
+    ahead = Lookahead(loader, epoch=0)
+    assert [ahead.next()["index"] for _ in range(3)] == [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3]]
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(arithmetic_rows)
+
+    with pytest.raises(ValueError, match="IterableDataset, which cannot be iterated ahead: .* must be deterministic"):
+        Lookahead(DataLoader(Stream(), batch_size=4, collate_fn=collate_prompts), epoch=0).next()
+
+
 # ---------------------------------------------------------------- on a server
 class Versions(RLCallback):
     """Per batch: the trainer's version, the version sampled from, and the token-TIS weights

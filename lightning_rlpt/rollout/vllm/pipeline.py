@@ -42,7 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from ..collect import tokenize_prompts
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
@@ -79,22 +79,23 @@ class Lookahead:
 
     def _epoch_loader(self, epoch: int) -> DataLoader:
         loader = self.loader
-        if loader.batch_size is None:  # a custom batch_sampler
-            batch_sampler = copy.copy(loader.batch_sampler)
-            _set_epoch(getattr(batch_sampler, "sampler", None), epoch, batch_sampler, "sampler")
-            return DataLoader(loader.dataset, batch_sampler=batch_sampler, collate_fn=loader.collate_fn)
-        sampler = copy.copy(loader.sampler)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, collate_fn=loader.collate_fn,
-                          drop_last=loader.drop_last)
+        if isinstance(loader.dataset, IterableDataset):
+            raise ValueError(f"the training loader reads an IterableDataset, which cannot be iterated ahead: {MISMATCH}")
+        if loader.batch_size is None:  # a custom batch_sampler: copy it, and the sampler inside it
+            batches = copy.copy(loader.batch_sampler)
+            if hasattr(batches, "sampler"):
+                batches.sampler = _at_epoch(batches.sampler, epoch)
+            return DataLoader(loader.dataset, batch_sampler=batches, collate_fn=loader.collate_fn)
+        return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=_at_epoch(loader.sampler, epoch),
+                          collate_fn=loader.collate_fn, drop_last=loader.drop_last)
 
 
-def _set_epoch(sampler: Any, epoch: int, owner: Any, name: str) -> None:
-    if sampler is not None and hasattr(sampler, "set_epoch"):
-        sampler = copy.copy(sampler)
+def _at_epoch(sampler: Any, epoch: int) -> Any:
+    """A copy of ``sampler`` set to ``epoch`` (one without epochs as it is)."""
+    sampler = copy.copy(sampler)
+    if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
-        setattr(owner, name, sampler)
+    return sampler
 
 
 @dataclass
