@@ -212,10 +212,12 @@ def compare(costs: dict, runs: list[dict], warmup: int = 2) -> list[dict]:
         steps = [s for r in done for s in r["steps"][warmup:]]
         per_run = [statistics.median(s["seconds"] for s in r["steps"][warmup:]) for r in done]
         stage = lambda k: statistics.median(s["timing"].get(k, 0.0) for s in steps)  # noqa: E731
+        rest = statistics.median(s["seconds"] - s["timing"].get("timing/rollout", 0.0)
+                                 - s["timing"].get("timing/weight_sync", 0.0) for s in steps)
         predicted = step_seconds(c, workload_of(steps), 1, key[0], key[1])
         measured = statistics.median(per_run)
         out.append(dict(servers=key[0], max_staleness=key[1], runs=len(done), measured=measured, per_run=per_run,
-                        rollout=stage("timing/rollout"), sync=stage("timing/weight_sync"),
+                        rollout=stage("timing/rollout"), rest=rest, sync=stage("timing/weight_sync"),
                         lag=statistics.median(s["policy_version"] - 1 - s["version"] for s in steps),
                         predicted=predicted, error=predicted["step"] / measured - 1))
     return out
@@ -246,24 +248,29 @@ def measure(args) -> dict:
     """Costs (`async_costs.py`, its own process), then the fits, alternated configuration by configuration."""
     import subprocess
 
-    from quiet import cpu_info, set_idle
+    from quiet import cpu_info, set_idle, wait_for_idle
 
     set_idle(args)
     start = time.perf_counter()
     if not args.reuse_costs:
+        wait_for_idle(args.idle_cores, args.idle_wait)
         subprocess.run([sys.executable, os.path.join(HERE, "async_costs.py"), "--out", args.costs], check=True)
-    runs, skip = [], set()
+    runs, skipped = [], {}
     for rep in range(args.repeats):
         for k in (0, 1):
             for servers in (1, 2):
-                if k in skip:
+                if k in skipped:  # the argument is missing: say so for every configuration, run none
+                    if rep == 0:
+                        runs.append(dict(servers=servers, max_staleness=k, skipped=skipped[k]))
                     continue
                 print(f"run {rep + 1}/{args.repeats}: servers={servers} max_staleness={k}", file=sys.stderr)
                 run = run_fit(servers, k, args.steps)
                 runs.append(run)
                 if "skipped" in run:
-                    skip.add(k)
-    return dict(runs=runs, cpu=cpu_info(), cores=os.cpu_count(), seconds=time.perf_counter() - start,
+                    skipped[k] = run["skipped"]
+    from quiet import IDLE
+
+    return dict(runs=runs, idle=dict(IDLE), cpu=cpu_info(), cores=os.cpu_count(), seconds=time.perf_counter() - start,
                 measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
 
 
@@ -277,7 +284,7 @@ def render(costs: dict, measured: dict | None) -> str:
         lines += ["This machine (demo model, 16 prompts × 8 completions × ≤ 4 tokens, 1 trainer process, "
                   f"{measured['cores']} CPU cores shared by trainer and servers):", "",
                   "| servers | max_staleness | runs | measured step (s) | predicted step (s) | error | "
-                  "measured rollout / sync (s) | predicted generation / trainer / sync (s) | version lag |",
+                  "measured rollout / rest / sync (s) | predicted generation / trainer / sync (s) | version lag |",
                   "|---:|---:|---:|---:|---:|---:|---|---|---:|"]
         for row in compare(costs, measured["runs"]):
             if "skipped" in row:
@@ -286,11 +293,15 @@ def render(costs: dict, measured: dict | None) -> str:
                 continue
             p = row["predicted"]
             lines.append(f"| {row['servers']} | {row['max_staleness']} | {row['runs']} | {fmt(row['measured'])} | "
-                         f"{fmt(p['step'])} | {row['error']:+.0%} | {fmt(row['rollout'])} / {fmt(row['sync'])} | "
+                         f"{fmt(p['step'])} | {row['error']:+.0%} | {fmt(row['rollout'])} / {fmt(row['rest'])} / {fmt(row['sync'])} | "
                          f"{fmt(p['generation'])} / {fmt(p['trainer'])} / {fmt(p['sync'])} | {row['lag']:.0f} |")
-        lines += ["", f"Costs measured {costs.get('measured', '?')} by `async_costs.py`; fits measured "
-                  f"{measured['measured']} ({measured['seconds'] / 60:.0f} min in all, CPU {measured['cpu']['model']}).",
-                  ""]
+        from quiet import IDLE, contention_note
+
+        lines += ["", f"Costs measured {costs.get('measured', '?')} by `async_costs.py` (generation fit's median "
+                  f"error {costs.get('gen_fit_rel_err_median', float('nan')):.0%}); fits measured {measured['measured']} "
+                  f"({measured['seconds'] / 60:.0f} min in all, CPU {measured['cpu']['model']}); "
+                  + contention_note([r for r in measured["runs"] if "others_cores" in r], measured.get("idle") or IDLE,
+                                    measured["cores"]), ""]
     lines += ["Hypothetical: a 7.6B policy (Qwen2.5-7B-like, bf16) on H100s, 128 prompts × 8 completions, "
               "256 prompt tokens, 1,024 completion tokens on average, longest 4,096 (costs assumed: see "
               "`HYPOTHETICAL` in `benchmarks/async_model.py`):", "",
