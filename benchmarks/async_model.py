@@ -297,7 +297,12 @@ def render(costs: dict, measured: dict | None) -> str:
                          f"{fmt(p['generation'])} / {fmt(p['trainer'])} / {fmt(p['sync'])} | {row['lag']:.0f} |")
         from quiet import IDLE, contention_note
 
-        lines += ["", f"Costs measured {costs.get('measured', '?')} by `async_costs.py` (generation fit's median "
+        lines += ["", "A step is the wall time from one training batch's end to the next's, median of steps 3.. of "
+                  "a run, then over runs. \"rest\" is the step less `timing/rollout` and `timing/weight_sync`. With "
+                  "`max_staleness=1`, `timing/rollout` is only the hand-over of a batch generated during the previous "
+                  "step and `timing/weight_sync` includes the wait for the batch in flight; version lag = optimizer "
+                  "steps between the sampling weights and the trained ones.",
+                  "", f"Costs measured {costs.get('measured', '?')} by `async_costs.py` (generation fit's median "
                   f"error {costs.get('gen_fit_rel_err_median', float('nan')):.0%}); fits measured {measured['measured']} "
                   f"({measured['seconds'] / 60:.0f} min in all, CPU {measured['cpu']['model']}); "
                   + contention_note([r for r in measured["runs"] if "others_cores" in r], measured.get("idle") or IDLE,
