@@ -319,6 +319,11 @@ def render(costs: dict, measured: dict | None) -> str:
         lines.append(f"| {row['trainers']} | {row['servers']} | {row['max_staleness']} | {fmt(row['generation'])} | "
                      f"{fmt(row['trainer'])} | {fmt(row['sync'])} | {fmt(row['step'])} | "
                      f"{base['step'] / row['step']:.2f} |")
+    lines += ["", "Not shown: any GPU or second machine (the hypothetical rows are the model's arithmetic on assumed "
+              "costs, not measurements); NCCL; more than one trainer process with servers; server start-up and the "
+              "first two steps of each fit; variance between steps. Here trainer and servers share the same 2 cores, "
+              "so overlapping generation with training can only fill the time one side leaves a core idle (the "
+              "model's CPU bound); it adds no compute."]
     return "\n".join(lines) + "\n"
 
 
