@@ -63,7 +63,8 @@ class SnapshotTransport:
     def __init__(self, directory: str, dtype: torch.dtype | None = None):
         self.directory, self.dtype = directory, dtype
 
-    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool) -> int:
+    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool,
+             version: int = 0) -> int:
         """Bytes written (= read by each server)."""
         shutil.rmtree(self.directory, ignore_errors=True)
         os.makedirs(self.directory)
@@ -104,7 +105,8 @@ class NCCLTransport:  # pragma: no cover - needs CUDA GPUs for trainer and serve
             self.engines[url] = WeightTransferTrainerFactory.trainer_init(info, client=client, source=_ListSource(self))
         return self.engines[url]
 
-    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool) -> int:
+    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool,
+             version: int = 0) -> int:
         # The source is iterated once per server; a list keeps one materialised copy (LoRA-merged).
         self._weights = [(n, t.detach().contiguous()) for n, t in weights]
         for url in pool.live:
