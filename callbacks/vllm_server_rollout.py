@@ -40,7 +40,10 @@ class VLLMServerRollout(EngineCallback):
     first checks that every live server holds the weight version the trainer sent. Requests are
     balanced over the servers by outstanding tokens; a server that dies or hangs is dropped and
     its requests go to the others, and when none is left the run stops with an error naming the
-    servers and the step (`rollout.vllm.client`).
+    servers and the step (`rollout.vllm.client`). A LoRA policy is synced as its adapter
+    (``lora_sync``, `rollout.vllm.lora_transport`). Under DDP global rank 0 alone launches the
+    servers and sends the weights, every rank samples its own rows (`rollout.vllm.ranks`);
+    sharded strategies with several processes are refused.
 
     Args:
         urls: base URLs of running servers (``http://host:port``).

@@ -14,6 +14,10 @@
   ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``). **Not tested here**
   (no GPU on this machine).
 
+- `AdapterTransport` (``lora_transport.py``): a LoRA policy's adapter alone, loaded with vLLM's
+  ``/v1/load_lora_adapter``. Every transport's ``send`` takes the optimizer step as
+  ``version`` (the adapter transport names the served adapter by it; the others ignore it).
+
 Either way the version protocol around a send is the engine's (`RemoteVLLMEngine.load_weights`):
 the server's ``weight_version`` is set to ``updating-<v>`` first and to ``<v>`` only after a
 complete load, so a failed or partial update leaves a version that the pre-rollout check refuses.
