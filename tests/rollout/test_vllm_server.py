@@ -20,6 +20,7 @@ from lightning_rlpt.model.logprobs import position_ids_for
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.collect import rollout
 from lightning_rlpt.rollout.vllm.client import ServerFailure
+from lightning_rlpt.rollout.vllm.lora_transport import AdapterTransport
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
 
@@ -207,6 +208,27 @@ def test_a_server_with_another_architecture_is_refused(tmp_path, warm_start_dir,
     assert not qwen.alive()
 
 
+def test_a_new_trainer_replaces_the_adapters_an_earlier_one_left(servers, warm_start_dir):
+    """A resumed run (a fresh `AdapterTransport`) syncs a step whose adapter name an earlier run
+    left loaded: the stale ``policy-v*`` adapters are unloaded first, and the new one is served."""
+    module = make_module(warm_start_dir, lora=dict(r=4, lora_alpha=8))
+    outputs = []
+    for scale in (0.0, 0.05):  # the second run's adapter differs: its log-probs must be served
+        with torch.no_grad():
+            for name, p in module.policy.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, scale)
+        engine = engine_over(servers, transport=AdapterTransport(None, module.policy))
+        base = engine.pool.model
+        engine.load_weights(policy_weights(module.policy), 1)
+        served = [{m["id"] for m in engine.pool.get(s.url, "/v1/models")["data"]} for s in servers]
+        assert served == [{base, "policy-v1"}] * 2  # earlier tests' and runs' adapters are gone
+        assert engine.pool.model == "policy-v1"
+        outputs.append(greedy_parity(engine, module, [task.rows([(1, 2)])[0]["prompt"]]).behaviour_logprobs)
+        engine.close()
+    assert not torch.equal(outputs[0], outputs[1])
+
+
 def test_a_killed_server_fails_over_then_the_run_stops_naming_it(servers, warm_start_dir, arithmetic_rows):
     """Runs after every test that uses the module's servers: it kills them (the fixture's stop copes)."""
     module = make_module(warm_start_dir)
@@ -257,3 +279,4 @@ def test_launch_starts_servers_for_the_fit_and_stops_them_by_pid(tmp_path, warm_
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # stopped at teardown (and reaped)
     assert len(os.listdir(tmp_path / "logs")) == 1 and callback.engine is None
+

@@ -20,7 +20,8 @@ Why a new name each step and not ``load_inplace``: in vLLM 0.32 an adapter regis
 ``load_inplace=True`` keeps that flag, and its worker reloads it from disk at every scheduler
 step (``LRUCacheWorkerLoRAManager.add_adapter``); a new name gets a new adapter id, loaded once,
 and the LRU cache (``--max-cpu-loras``, default ``--max-loras`` = 1) evicts the old one. A re-sync
-of the same step (fit start, validation) unloads the name first, then loads it again.
+of the same step (fit start, validation) unloads the name first, then loads it again; a new
+transport (a resumed run) first unloads the ``<prefix>-v*`` adapters an earlier run left.
 
 Bytes per sync (``last_sync["bytes"]``, logged as ``vllm/weight_sync_bytes``) are the adapter's
 tensor bytes, Σ (numel × element size) over ``lora_A``/``lora_B``: on the demo (2 layers × 128,
@@ -182,7 +183,10 @@ class AdapterTransport:
         sent = write_adapter(path, self.policy, self.dtype)
         previous, self.sends = self.model, self.sends + 1
         for url in pool.live:
-            if previous == name:  # the same step again: its name is taken, free it (see module docstring)
+            if previous is None:  # a new trainer (a resume): adapters an earlier one left would block our names
+                for stale in self._ours(pool, url):
+                    self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": stale})
+            elif previous == name:  # the same step again: its name is taken, free it (see module docstring)
                 self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": name})
             self._call(pool, url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
             if previous not in (None, name):
@@ -192,6 +196,10 @@ class AdapterTransport:
             if old != os.path.basename(path):
                 shutil.rmtree(os.path.join(self.directory, old), ignore_errors=True)
         return sent
+
+    def _ours(self, pool: ServerPool, url: str) -> list[str]:
+        names = [m["id"] for m in pool.get(url, "/v1/models")["data"]]
+        return [n for n in names if n.startswith(f"{self.prefix}-v")]
 
     def _call(self, pool: ServerPool, url: str, route: str, body: dict[str, Any]) -> None:
         try:
