@@ -148,7 +148,8 @@ class VLLMServerRollout(EngineCallback):
         kv = self.launch.get("kv_cache_memory_bytes") or kv_cache_bytes(config, dtype, needed)
         return VLLMServer.launch_many(
             self._export_dir, int(self.launch.get("num_servers", 1)), log_dir=log_dir,
-            startup_timeout=float(self.launch.get("startup_timeout", 300.0)), env={**lora_env, **self.launch.get("env", {})},
+            startup_timeout=float(self.launch.get("startup_timeout", 300.0)),
+            env={**lora_env, **(self.launch.get("env") or {})},
             dtype=str(dtype).replace("torch.", ""), max_model_len=needed, kv_cache_memory_bytes=kv,
             seed=int(self.launch.get("seed", 0)), extra_args=extra)
 
