@@ -34,6 +34,7 @@ from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..sampling import SamplingConfig
 from .client import ServerFailure, ServerPool
 from .engine import OVERRIDES, request_seeds
+from .ranks import lead_then_share
 from .server import VLLMServer
 from .transport import SnapshotTransport
 
@@ -44,7 +45,8 @@ class RemoteVLLMEngine(RolloutEngine):
     Args:
         urls: server base URLs.
         eos_token_id: ends a completion (kept as its last token).
-        transport: `SnapshotTransport` (default, in a temporary directory) or `NCCLTransport`.
+        transport: `SnapshotTransport` (default, in a temporary directory), `NCCLTransport`, or
+            `AdapterTransport` (LoRA adapters; it sets ``pool.model`` to the adapter it loaded).
         servers: `VLLMServer` processes this engine owns (stopped by `close`).
         sync_every: optimizer steps between weight syncs (1 = on-policy).
         overrides: training-rollout sampling overrides (as `VLLMEngine`'s).
@@ -203,15 +205,21 @@ class RemoteVLLMEngine(RolloutEngine):
 
         The servers' version reads ``updating-<version>`` until the load has finished on all of
         them and their prefix caches are reset, so an interrupted sync is caught by `check_versions`.
+        Under DDP rank 0 alone sends; the other ranks wait for its outcome (`rollout.vllm.ranks`).
         """
+        self.policy_version = int(version)
+        self.last_sync, self.pool.model = lead_then_share(lambda: self._send(weights, version),
+                                                          f"the weight sync of step {version}")
+        self.syncs += 1
+
+    def _send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> tuple[dict[str, float], str]:
         start = time.perf_counter()
         self.pool.post_all("/update_weight_version", {"new_version": f"updating-{version}"})
-        self.policy_version = int(version)
-        sent = self.transport.send(self.pool, weights, tie_word_embeddings=self.tie_word_embeddings)
+        sent = self.transport.send(self.pool, weights, tie_word_embeddings=self.tie_word_embeddings,
+                                   version=version)  # an AdapterTransport also sets pool.model
         self.pool.post_all("/reset_prefix_cache")  # cached KV blocks were computed with the old weights
         self.pool.post_all("/update_weight_version", {"new_version": str(version)})
-        self.last_sync = {"bytes": sent, "seconds": time.perf_counter() - start}
-        self.syncs += 1
+        return {"bytes": sent, "seconds": time.perf_counter() - start}, self.pool.model
 
     def close(self) -> None:
         """Stop the servers this engine started (by pid) and remove the snapshot (idempotent)."""
