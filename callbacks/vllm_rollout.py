@@ -113,7 +113,8 @@ class VLLMRollout(EngineCallback):
 
     def _adopt(self, engine: VLLMEngine, module: L.LightningModule) -> None:
         """A caller's engine: check it fits this module, apply this callback's settings, sync."""
-        needed = context_length(module, None, self.overrides.get("max_tokens"), model_config(module.policy))
+        needed = context_length(module, None, self.overrides.get("max_tokens"), model_config(module.policy),
+                                minimum=True)
         if engine.max_model_len < needed:
             raise ValueError(f"the given engine's max_model_len={engine.max_model_len} is shorter than max_prompt_length "
                              f"+ max_new_tokens = {needed}; start it with max_model_len >= {needed}")

@@ -97,7 +97,9 @@ class VLLMServerRollout(EngineCallback):
             return
         check_module(self, pl_module)
         config = model_config(pl_module.policy)
-        needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config)
+        # Launched servers get the size to run with (episodes: the whole context); given ones must hold the minimum.
+        needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config,
+                                minimum=not self.launch)
         servers = self._launch(trainer, pl_module, needed) if self.launch else []
         try:
             urls = [s.url for s in servers] or list(self.urls)
