@@ -58,8 +58,19 @@ def test_greedy_episodes_identical_on_hf_and_vllm(tool_model_dir, tool_script):
     assert engine.max_model_len == CONTEXT
     try:
         vllm = episodes(engine, tok, prompts, max_context=engine.max_model_len)
+        vllm_cut = episodes(engine, tok, prompts, max_context=600)
     finally:
         engine.close()
+    # A context of 600 leaves row 3 (prompt 539 tokens) room for its call (52 tokens) but not for the
+    # error message after it: the episode ends there, truncated and flagged, on both engines.
+    hf_cut = episodes(HFGenerateEngine(model, tok.eos_token_id, tok.pad_token_id, return_logprobs=True), tok, prompts,
+                      max_context=600)
+    assert hf_cut.truncated.tolist() == vllm_cut.truncated.tolist() == [False] * 4 + [True] * 2
+    first_turn = expected[2][1].index(0)
+    assert int(hf_cut.prompt_mask[4].sum()) == 539
+    assert first_turn == 52 and hf_cut.completion_mask[4].tolist()[:53] == [1] * 52 + [0]
+    assert torch.equal(hf_cut.completion_ids, vllm_cut.completion_ids) and hf_cut.info["turns"].tolist()[4:] == [1, 1]
+    assert hf_cut.columns["completion_messages"] == vllm_cut.columns["completion_messages"]
     check_script(vllm, expected)
     assert torch.equal(hf.completion_ids, vllm.completion_ids) and torch.equal(hf.completion_mask, vllm.completion_mask)
     assert hf.columns["completion_messages"] == vllm.columns["completion_messages"] and hf.completions == vllm.completions
