@@ -6,7 +6,6 @@ next turn's context (out of the loss), ``tools/call_frequency`` logs the hand co
 from __future__ import annotations
 
 import csv
-import glob
 import os
 
 from lightning.pytorch.loggers import CSVLogger
@@ -57,8 +56,8 @@ def test_fit_calls_the_tool_and_logs_its_frequency(tool_model_dir, tool_script, 
     trainer = quiet_trainer(max_steps=2, logger=logger, callbacks=[record, samples])
     trainer.fit(module, datamodule=PromptDataModule(rows, batch_size=2, seed=0))
 
-    calls_per_step = [after - before for before, after in zip([0] + [n for _, n in record.rollouts], 
-                                                                [n for _, n in record.rollouts])]
+    totals = [n for _, n in record.rollouts]
+    calls_per_step = [after - before for before, after in zip([0] + totals, totals)]
     assert len(record.rollouts) == 2 and CALLS == [(6, 7)] * len(CALLS) and sum(calls_per_step) == len(CALLS) > 0
     for exp, _ in record.rollouts:  # every multiply row called once; the rest never
         asks = [m[0]["content"] == "What is 6*7?" for m in exp.prompts]
@@ -70,10 +69,10 @@ def test_fit_calls_the_tool_and_logs_its_frequency(tool_model_dir, tool_script, 
             ids, mask = exp.completion_ids[i], exp.completion_mask[i]
             assert ids[: len(expected[0][0])].tolist() == expected[0][0]  # the episode, token for token
             assert tok.decode(ids[mask == 0][: len(expected[0][0]) - sum(expected[0][1])]) == suffix_text(["42"])
-    with open(os.path.join(logger.log_dir, "metrics.csv")) as f:
-        logged = [float(r["tools/call_frequency"]) for r in csv.DictReader(f) if r.get("tools/call_frequency")]
+    metrics = _rows(logger, "metrics.csv")
+    logged = [float(r["tools/call_frequency"]) for r in metrics if r.get("tools/call_frequency")]
     assert logged == [n / 4 for n in calls_per_step]  # 4 episodes a step
-    assert all(float(r["reward"]) == 1.0 for r in _rows(logger, "metrics.csv") if r.get("reward"))
+    assert [float(r["reward"]) for r in metrics if r.get("reward")] == [1.0, 1.0]  # every final answer right
 
     shown = [r["completion"] for r in _rows(logger, "completions.csv")]
     assert len(shown) == 8 and ("assistant: " + '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}'
@@ -82,6 +81,5 @@ def test_fit_calls_the_tool_and_logs_its_frequency(tool_model_dir, tool_script, 
 
 
 def _rows(logger, name):
-    (path,) = glob.glob(os.path.join(logger.log_dir, name))
-    with open(path) as f:
+    with open(os.path.join(logger.log_dir, name)) as f:
         return list(csv.DictReader(f))
