@@ -109,7 +109,9 @@ class VLLMServerRollout(EngineCallback):
             return
         check_module(self, pl_module)
         config = model_config(pl_module.policy)
-        needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config)
+        # Launched servers get the size to run with (episodes: the whole context); given ones must hold the minimum.
+        needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config,
+                                minimum=not self.launch)
         check_strategy(trainer.strategy, trainer.world_size)
         self._transport = self.transport or adapter_transport(pl_module.policy, self.lora_sync)
         servers: list[VLLMServer] = []  # under DDP rank 0 launches them and shares the URLs (rollout.vllm.ranks)

@@ -230,3 +230,25 @@ def test_lead_then_share_runs_on_rank_zero_and_shares_its_result_or_error(tmp_pa
     assert r0["error"] == "ZeroDivisionError: division by zero"
     assert r1["error"] == ("RuntimeError: rank 0 failed the weight sync of step 4, so rank 1 stops too: "
                            "ZeroDivisionError: division by zero")
+
+
+@pytest.mark.slow
+def test_ddp_episode_metrics_are_means_over_both_ranks(tmp_path):
+    """tools/call_frequency, tools/failure_frequency, turns/mean, turns/max and
+    completions/model_token_fraction under DDP are those of every rank's episodes together (the
+    counts gathered before dividing), worked out here from what each rank rolled out."""
+    rows, _ = _run("ddp", tmp_path, "--episodes")
+    r0, r1 = (s["episodes"] for s in _streams(tmp_path))
+    assert len(rows) == len(r0) == len(r1) == 3
+    local_differs = False
+    for row, a, b in zip(rows, r0, r1):
+        calls, failures, turns = a["tool_calls"] + b["tool_calls"], a["tool_failures"] + b["tool_failures"], a["turns"] + b["turns"]
+        expected = {"tools/call_frequency": sum(calls) / len(calls),
+                    "tools/failure_frequency": sum(failures) / sum(calls) if sum(calls) else 0.0,
+                    "turns/mean": sum(turns) / len(turns), "turns/max": max(turns),
+                    "completions/model_token_fraction": (sum(a["model_tokens"]) + sum(b["model_tokens"]))
+                    / (sum(a["episode_tokens"]) + sum(b["episode_tokens"]))}
+        for key, value in expected.items():
+            assert row[key] == pytest.approx(value, rel=1e-6), f"step {a['step']} {key}: {row[key]} vs {value}"
+        local_differs |= sum(a["tool_calls"]) / len(a["tool_calls"]) != expected["tools/call_frequency"]
+    assert local_differs, "rank 0's own rows gave the global values: the test would not see a missing gather"

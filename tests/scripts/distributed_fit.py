@@ -16,6 +16,10 @@ on a task where half the prompts always score 0 (so refills happen) and writes, 
 ``streams_rank{r}.json``: the dataset rows of every rollout (sampled batch, then refills) and
 the dithering noise of every training batch.
 
+With ``--episodes`` rollouts go through `scripted_episodes` (a ``rollout_func`` whose episode
+counts depend on the prompt) and each rank writes its rows' counts per rollout to
+``streams_rank{r}.json`` (key ``episodes``).
+
 With ``--reward-model DIR`` the reward is that reward model (instead of the exact answer) and
 each rank writes ``reward_model_rank{r}.json``: what it holds of the reward model (device,
 DTensor or full tensors, trainable or not, parameter count and sum, whether any of it is in the
@@ -45,7 +49,7 @@ from layer_forwards import count_grad_forwards  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
 from lightning_rlpt.callbacks import CurriculumSampler, RewardDithering  # noqa: E402
 
-RECORD: dict[str, list] = {"rollouts": [], "noise": [], "server": []}
+RECORD: dict[str, list] = {"rollouts": [], "noise": [], "server": [], "episodes": []}
 
 
 class StreamRecorder(RLCallback):
@@ -67,6 +71,30 @@ class ServerRecorder(RLCallback):
         RECORD["server"].append([experience.policy_version, engine.pool.model, len(engine.servers)])
 
 
+class EpisodeRecorder(RLCallback):
+    """Each rollout's per-row episode counts on this rank (what the rank-local metrics would use)."""
+
+    def on_rollout_end(self, trainer, module, experience):
+        info = {k: v.tolist() for k, v in experience.info.items()}
+        RECORD["episodes"].append({"step": trainer.global_step, **info,
+                                   "model_tokens": experience.completion_mask.sum(1).tolist()})
+
+
+def scripted_episodes(prompts, engine, tokenizer, sampling, seeds):
+    """A ``rollout_func``: one sampled turn per row, then as many (pretend) tool calls as the
+    prompt's first digit mod 3, each answered by one non-model token; every second call fails.
+    Rows differ, so each rank's counts differ from the other's."""
+    from lightning_rlpt.rollout.episodes import Episode
+
+    out = engine.generate([tokenizer(p)["input_ids"] for p in prompts], sampling, seeds)
+    episodes = []
+    for prompt, ids in zip(prompts, out.completion_ids):
+        calls = int(prompt[0]) % 3
+        episodes.append(Episode(ids + [task.PAD_ID] * calls, [1] * len(ids) + [0] * calls, turns=1 + calls,
+                                tool_calls=calls, tool_failures=calls // 2))
+    return episodes
+
+
 def half_constant(prompts, completions, kind, completion_ids, **_):
     """0 for "constant" rows (zero-variance groups, always filtered); the length parity otherwise."""
     return [0.0 if k == "constant" else float(len(ids) % 2) for k, ids in zip(kind, completion_ids)]
@@ -86,6 +114,7 @@ def main() -> None:
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_micro_batch")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--episodes", action="store_true", help="rollouts through scripted_episodes (a rollout_func)")
     p.add_argument("--padding-free", action="store_true")
     p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     p.add_argument("--reward-model", default=None, help="a reward model directory, scored instead of the answer")
@@ -107,7 +136,7 @@ def main() -> None:
             json.dump(RECORD["server"], f)
     if args.reward_model:
         save_reward_model_facts(trainer, module, args.out)
-    if args.streams:
+    if args.streams or args.episodes:
         with open(os.path.join(args.out, f"streams_rank{trainer.global_rank}.json"), "w") as f:
             json.dump(RECORD, f)
 
@@ -123,7 +152,8 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                       gradient_checkpointing=args.gradient_checkpointing,
                       padding_free=args.padding_free,
                       top_entropy_quantile=args.top_entropy_quantile,
-                      lora=dict(r=4, lora_alpha=8) if args.lora else None)
+                      lora=dict(r=4, lora_alpha=8) if args.lora else None,
+                      rollout_func=scripted_episodes if args.episodes else None)
     module.grad_forwards = count_grad_forwards(module.policy)
     train, _ = task.split_pairs()
     rows = task.rows(train[:32])
@@ -133,6 +163,8 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                                        CurriculumSampler(None, use_as="loss", dynamic_filtering=True,
                                                          max_refill_rounds=2, seed=9),
                                        StreamRecorder()]
+    if args.episodes:
+        callbacks = list(callbacks) + [EpisodeRecorder()]
     data = PromptDataModule(rows, batch_size=args.prompts // devices, seed=1)
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
                         logger=CSVLogger(args.out, name="", version=version), log_every_n_steps=1,

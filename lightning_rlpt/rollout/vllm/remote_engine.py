@@ -72,6 +72,7 @@ class RemoteVLLMEngine(RolloutEngine):
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         self.transport = transport or SnapshotTransport(tempfile.mkdtemp(prefix="rlpt-weights-"))
         self.policy_version, self.phase, self.syncs = 0, "training", 0
+        self.max_model_len: int | None = None  # the servers' smallest context, once `check_model` read it
         self.last_sync: dict[str, float] = {}
 
     @property
@@ -98,9 +99,11 @@ class RemoteVLLMEngine(RolloutEngine):
         vocab = int(policy.get_input_embeddings().weight.shape[0]) if hasattr(policy, "get_input_embeddings") \
             else int(config.vocab_size)
         vocab = min(vocab, len(tokenizer))  # vLLM checks prompt ids against the tokenizer's vocabulary
+        lengths = []
         for url in self.pool.urls:
             info = self.pool.get(url, "/v1/models")["data"][0]
-            if int(info.get("max_model_len") or 0) < needed_len:
+            lengths.append(int(info.get("max_model_len") or 0))
+            if lengths[-1] < needed_len:
                 raise ValueError(f"vLLM server {url} has max_model_len={info.get('max_model_len')} < the {needed_len} "
                                  f"tokens the rollouts need; restart it with --max-model-len {needed_len} or more")
             if not (self._accepts(url, vocab - 1) and not self._accepts(url, vocab)):
@@ -112,6 +115,7 @@ class RemoteVLLMEngine(RolloutEngine):
                 raise ValueError(f"vLLM server {url} serves a model with {layers} decoder layers, the policy has "
                                  f"{config.num_hidden_layers}: a different architecture. Start it from the policy's "
                                  "checkpoint (or launch=dict(...))")
+        self.max_model_len = min(lengths)  # episodes stop (flagged) before a context the servers would refuse
 
     def _accepts(self, url: str, token_id: int) -> bool:
         import requests
@@ -126,7 +130,8 @@ class RemoteVLLMEngine(RolloutEngine):
 
     def _served_layers(self, url: str) -> int:
         names = self.pool.post(url, "/weight_checker", {"action": "checksum"})["checksums"]
-        found = {int(m.group(1)) for n in names for m in [re.search(r"\.layers\.(\d+)\.", n)] if m}
+        # Llama-style ``model.layers.N.``, GPT-2/Falcon-style ``transformer.h.N.``
+        found = {int(m.group(1)) for n in names for m in [re.search(r"\.(?:layers|h)\.(\d+)\.", n)] if m}
         return max(found) + 1 if found else 0
 
     @torch.no_grad()
