@@ -19,7 +19,8 @@ class CompletionSamples(RLCallback):
     ``num_samples`` completions spread evenly over the batch and records ``step`` (the trainer's
     global step when they were sampled), ``prompt``, ``completion``, ``reward``, one
     ``reward/<function>`` column per reward function and ``advantage`` (when the batch reaches
-    advantage computation). Rows are appended to ``completions.csv`` in the trainer's log
+    advantage computation). With tools or an environment the completion is the whole episode,
+    every turn as ``role: content`` (assistant turns, tool results, observations). Rows are appended to ``completions.csv`` in the trainer's log
     directory and sent to each logger's table API: TensorBoard ``add_text`` (a Markdown table),
     MLflow ``log_table`` (artifact ``completions.json``), W&B ``log_table`` (key
     ``completions``). Only global rank 0 writes; it logs rank 0's samples.
@@ -66,7 +67,7 @@ class CompletionSamples(RLCallback):
         per_func = experience.rewards_per_func.detach().cpu()
         for i in self._picked:
             row = {"step": trainer.global_step, "prompt": _text(experience.prompts[i]),
-                   "completion": experience.completions[i], "reward": float(experience.rewards[i])}
+                   "completion": _completion(experience, i), "reward": float(experience.rewards[i])}
             # NaN: the function returned None ("does not apply"); an empty cell, like a missing advantage
             row.update({f"reward/{name}": None if per_func[i, j].isnan() else float(per_func[i, j])
                         for j, name in enumerate(names)})
@@ -116,6 +117,13 @@ class CompletionSamples(RLCallback):
                 writer.writeheader()
             writer.writerows(rows)
         self.rows_written += len(rows)
+
+
+def _completion(experience: Experience, i: int) -> str:
+    """Row ``i``'s completion; a multi-turn episode (tools, environments) whole, one message per
+    line block (``assistant: ...``, ``tool: ...``, ``user: ...``), so tool results show."""
+    messages = experience.columns.get("completion_messages")
+    return experience.completions[i] if messages is None else _text(messages[i])
 
 
 def _text(prompt: Any) -> str:

@@ -36,7 +36,8 @@ class VLLMRollout(EngineCallback):
             cache is sized by ``kv_cache_memory_bytes`` there instead.
         tensor_parallel_size: GPUs vLLM shards the model over (1 on CPU).
         max_model_len: longest prompt + completion (default: the module's
-            ``max_prompt_length`` + the largest ``max_new_tokens``).
+            ``max_prompt_length`` + the largest ``max_new_tokens``; with tools, an environment or
+            a ``rollout_func`` the model's ``max_position_embeddings``, docs/agents.md).
         dtype: vLLM's dtype (default: bfloat16 under the Trainer's ``"bf16-true"``/``"bf16-mixed"``,
             float16 under ``"16-*"``, else the policy's; fp32 gives parity with an fp32 learner).
         enable_prefix_caching: reuse the prompt's KV cache across the G samples of a group
@@ -113,7 +114,8 @@ class VLLMRollout(EngineCallback):
 
     def _adopt(self, engine: VLLMEngine, module: L.LightningModule) -> None:
         """A caller's engine: check it fits this module, apply this callback's settings, sync."""
-        needed = context_length(module, None, self.overrides.get("max_tokens"), model_config(module.policy))
+        needed = context_length(module, None, self.overrides.get("max_tokens"), model_config(module.policy),
+                                minimum=True)
         if engine.max_model_len < needed:
             raise ValueError(f"the given engine's max_model_len={engine.max_model_len} is shorter than max_prompt_length "
                              f"+ max_new_tokens = {needed}; start it with max_model_len >= {needed}")

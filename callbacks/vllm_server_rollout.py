@@ -14,7 +14,9 @@ from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout import RolloutEngine
 from lightning_rlpt.rollout.vllm.checks import check_head_dim, context_length, model_config
 from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, policy_dtype
+from lightning_rlpt.rollout.vllm.lora_transport import LORA_SYNC_MODES, adapter_transport, launch_lora_options
 from lightning_rlpt.rollout.vllm.pipeline import RolloutPipeline
+from lightning_rlpt.rollout.vllm.ranks import check_strategy, lead_then_share
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
 from lightning_rlpt.rollout.vllm.transport import write_snapshot
@@ -39,7 +41,10 @@ class VLLMServerRollout(EngineCallback):
     first checks that every live server holds the weight version the trainer sent. Requests are
     balanced over the servers by outstanding tokens; a server that dies or hangs is dropped and
     its requests go to the others, and when none is left the run stops with an error naming the
-    servers and the step (`rollout.vllm.client`).
+    servers and the step (`rollout.vllm.client`). A LoRA policy is synced as its adapter
+    (``lora_sync``, `rollout.vllm.lora_transport`). Under DDP global rank 0 alone launches the
+    servers and sends the weights, every rank samples its own rows (`rollout.vllm.ranks`);
+    sharded strategies with several processes are refused.
 
     Args:
         urls: base URLs of running servers (``http://host:port``).
@@ -50,8 +55,12 @@ class VLLMServerRollout(EngineCallback):
         request_timeout: seconds one completion may take before its server counts as hung.
         control_timeout: seconds for control calls (version, reload, health).
         max_inflight: completion requests in flight at once over all servers.
-        transport: a transport object (default: `SnapshotTransport` in a temporary directory;
-            `NCCLTransport` on GPUs).
+        transport: a transport object (default: `SnapshotTransport` in a temporary directory,
+            `AdapterTransport` for a LoRA policy (see ``lora_sync``); `NCCLTransport` on GPUs).
+        lora_sync: a LoRA policy's sync: ``"auto"`` (default) loads its adapter on the servers
+            (``/v1/load_lora_adapter``; ``launch=`` adds ``--enable-lora``) when vLLM can serve it
+            and sends merged weights otherwise (QLoRA, DoRA, ``modules_to_save``: see
+            `rollout.vllm.lora_transport`); ``"adapter"`` insists; ``"merged"`` always merges.
         temperature / top_p / top_k / max_tokens / stop: training-rollout overrides, as `VLLMRollout`'s.
         validate: also use the servers for ``trainer.validate`` runs.
         parity_atol: after the first sync (before training), each server's greedy tokens on a
@@ -70,8 +79,8 @@ class VLLMServerRollout(EngineCallback):
                  request_timeout: float = 600.0, control_timeout: float = 600.0, max_inflight: int = 64,
                  transport: Any = None, temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, max_tokens: int | None = None, stop: list[Any] | None = None,
-                 validate: bool = False, parity_atol: float | None = 1e-3, max_staleness: int = 0,
-                 async_seed: int = 0):
+                 validate: bool = False, parity_atol: float | None = 1e-3, lora_sync: str = "auto",
+                 max_staleness: int = 0, async_seed: int = 0):
         if (urls is None) == (launch is None):
             raise ValueError("give exactly one of urls=[...] (running vLLM servers) or launch=dict(...) (start local "
                              f"ones); got urls={urls!r}, launch={launch!r}")
@@ -84,7 +93,10 @@ class VLLMServerRollout(EngineCallback):
             raise ValueError(f"launch num_servers must be >= 1 (got {launch['num_servers']})")
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1 optimizer steps (got {sync_every}); 1 is on-policy")
+        if lora_sync not in LORA_SYNC_MODES:
+            raise ValueError(f"lora_sync must be one of {LORA_SYNC_MODES} (got {lora_sync!r})")
         check_staleness(max_staleness, sync_every)
+        self.lora_sync = lora_sync
         self.urls, self.launch, self.sync_every, self.validate = urls, dict(launch or {}), sync_every, validate
         self.max_staleness, self.async_seed = max_staleness, async_seed
         self.pipeline: RolloutPipeline | None = None
@@ -106,12 +118,21 @@ class VLLMServerRollout(EngineCallback):
         if self.max_staleness and stage == "fit":
             refuse_async_with(trainer, pl_module, self.max_staleness)
         config = model_config(pl_module.policy)
-        needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config)
-        servers = self._launch(trainer, pl_module, needed) if self.launch else []
+        # Launched servers get the size to run with (episodes: the whole context); given ones must hold the minimum.
+        needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config,
+                                minimum=not self.launch)
+        check_strategy(trainer.strategy, trainer.world_size)
+        self._transport = self.transport or adapter_transport(pl_module.policy, self.lora_sync)
+        servers: list[VLLMServer] = []  # under DDP rank 0 launches them and shares the URLs (rollout.vllm.ranks)
+
+        def launch() -> list[str]:
+            servers.extend(self._launch(trainer, pl_module, needed))
+            return [s.url for s in servers]
+
+        urls = lead_then_share(launch, "launching the vLLM servers") if self.launch else list(self.urls)
         try:
-            urls = [s.url for s in servers] or list(self.urls)
             engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
-                                           transport=self.transport, sync_every=self.sync_every,
+                                           transport=self._transport, sync_every=self.sync_every,
                                            overrides=self.overrides,
                                            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
                                            **self.pool_kwargs)
@@ -134,14 +155,17 @@ class VLLMServerRollout(EngineCallback):
         dtype = getattr(__import__("torch"), dtype) if isinstance(dtype, str) else dtype
         self._export_dir = export_model_dir(config, module.tokenizer, dtype, tempfile.mkdtemp(prefix="rlpt-serve-"))
         log_dir = self.launch.get("log_dir") or os.path.join(trainer.log_dir or trainer.default_root_dir, "vllm")
-        # The current weights go in as the checkpoint (vLLM cannot reload in place into a dummy-loaded model).
-        write_snapshot(self._export_dir, policy_weights(module.policy), dtype=dtype,
+        # The current weights go in as the checkpoint (vLLM cannot reload in place into a dummy-loaded model);
+        # with adapters on the servers, the base alone (and the flags and environment LoRA serving needs).
+        lora_args, lora_env, weights = launch_lora_options(module.policy, self._transport)
+        write_snapshot(self._export_dir, weights, dtype=dtype,
                        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
-        extra = list(self.launch.get("extra_args", []))
+        extra = lora_args + list(self.launch.get("extra_args", []))
         kv = self.launch.get("kv_cache_memory_bytes") or kv_cache_bytes(config, dtype, needed)
         return VLLMServer.launch_many(
             self._export_dir, int(self.launch.get("num_servers", 1)), log_dir=log_dir,
-            startup_timeout=float(self.launch.get("startup_timeout", 300.0)), env=self.launch.get("env"),
+            startup_timeout=float(self.launch.get("startup_timeout", 300.0)),
+            env={**lora_env, **(self.launch.get("env") or {})},
             dtype=str(dtype).replace("torch.", ""), max_model_len=needed, kv_cache_memory_bytes=kv,
             seed=int(self.launch.get("seed", 0)), extra_args=extra)
 

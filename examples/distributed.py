@@ -23,9 +23,10 @@ import task  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
 
 
-def strategy_for(name: str, devices: int):
-    if name == "fsdp2":
-        return L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=devices, tensor_parallel_size=1)
+def strategy_for(name: str, devices: int, num_nodes: int = 1):
+    if name == "fsdp2":  # shard over every process of every node (Lightning checks dp x tp = world size)
+        return L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=devices * num_nodes,
+                                                          tensor_parallel_size=1)
     if name == "fsdp":  # FSDP1: Lightning refuses it on CPU
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
         return L.pytorch.strategies.FSDPStrategy(auto_wrap_policy={LlamaDecoderLayer})
@@ -47,7 +48,7 @@ def main() -> None:
     data = PromptDataModule(task.rows(train), val_data=task.rows(held_out), batch_size=args.prompts,
                             val_batch_size=150)
     trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes,
-                        strategy=strategy_for(args.strategy, args.devices), max_steps=args.steps,
+                        strategy=strategy_for(args.strategy, args.devices, args.num_nodes), max_steps=args.steps,
                         logger=CSVLogger("runs", name=f"distributed-{args.strategy}"), log_every_n_steps=1,
                         val_check_interval=max(1, args.steps // 2), check_val_every_n_epoch=None,
                         enable_checkpointing=False)

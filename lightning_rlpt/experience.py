@@ -155,7 +155,8 @@ class Experience:
     def concat(self, other: "Experience", pad_id: int) -> "Experience":
         """Rows of ``self`` then ``other`` (token axes padded to a common width with ``pad_id``
         for ids, 0 elsewhere); group ids renumbered. A tensor set on one side only is not a
-        per-row value of the joined batch and is dropped; ``info`` is ``self``'s."""
+        per-row value of the joined batch and is dropped. ``info`` is merged per key by
+        `merge_info`: per-row values joined, per-batch values kept where both sides agree."""
         out: dict[str, Any] = {}
         for f in fields(self):
             x, y = getattr(self, f.name), getattr(other, f.name)
@@ -172,7 +173,49 @@ class Experience:
                 out[f.name] = torch.cat([x, y.to(x.device)])
             elif isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
                 out[f.name] = None
-        merged = replace(self, **out)
+        merged = replace(self, **out, info=merge_info(self.info, other.info, len(self), len(other)))
         merged.group_ids = torch.arange(len(merged) // self.group_size,
                                         device=self.group_ids.device).repeat_interleave(self.group_size)
         return merged
+
+
+def merge_info(a: dict[str, Any], b: dict[str, Any], n_a: int, n_b: int) -> dict[str, Any]:
+    """``info`` of two experiences of ``n_a`` and ``n_b`` rows joined (`Experience.concat`).
+
+    A key holding a per-row tensor on both sides (first dimension the side's row count: episode
+    counts ``turns``/``tool_calls``, ``ref_entropy``) is joined, a second (token) axis padded
+    with 0 on the right to the wider side. Any other value (per-batch: a scalar, a string) is
+    kept when both sides hold the same, else dropped, as is a key present on one side only:
+    neither describes the joined batch, and a silently stale value is worse than a missing one
+    (its reader raises `KeyError`, naming what is missing).
+
+    Example:
+        >>> t = torch.tensor
+        >>> merge_info({"turns": t([1, 2]), "tag": "x", "k": 1}, {"turns": t([3]), "tag": "x", "k": 2}, 2, 1)
+        {'turns': tensor([1, 2, 3]), 'tag': 'x'}
+    """
+    out: dict[str, Any] = {}
+    for key in a.keys() & b.keys():
+        x, y = a[key], b[key]
+        if _per_row(x, n_a) and _per_row(y, n_b) and x.dim() == y.dim() and (x.dim() <= 2 or x.shape[1:] == y.shape[1:]):
+            if x.dim() == 2:
+                width = max(x.shape[1], y.shape[1])
+                x, y = pad_width(x, width, 0, False), pad_width(y, width, 0, False)
+            out[key] = torch.cat([x, y.to(x.device)])
+        elif not _per_row(x, n_a) and not _per_row(y, n_b) and _same(x, y):
+            out[key] = x
+    return {k: out[k] for k in a if k in out}  # self's key order
+
+
+def _per_row(value: Any, n: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+        return isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.shape == y.shape and bool(
+            torch.equal(x.cpu(), y.cpu()))
+    try:
+        return bool(x == y)
+    except Exception:  # noqa: BLE001 - values without a plain equality are not shared
+        return False

@@ -165,3 +165,90 @@ def test_reward_model_is_a_full_frozen_copy_on_each_rank(strategy, prefers_seven
         assert f == whole  # the same parameters, every one of them, as the single process holds
         assert f["devices"] == [f["module_device"]] and not f["dtensor"] and not f["trainable"]
         assert not f["in_state_dict"]
+
+
+@pytest.mark.slow
+def test_ddp_with_vllm_server_rank_zero_launches_and_sends_every_rank_samples(tmp_path):
+    """`VLLMServerRollout(launch=...)` under DDP with a LoRA policy: rank 0 alone starts the
+    server and loads each step's adapter on it (once per sync, not once per rank); rank 1 learns
+    the adapter's name from rank 0 and samples its own rows from the same server, from the
+    synced weights (importance ratio 1), and the ranks stay in sync."""
+    rows, _ = _run("ddp", tmp_path, "--engine", "server", "--lora")
+    assert len(rows) == 3
+    for row in rows:
+        assert row["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-3)
+        assert row["sampling/logp_diff/max"] < 1e-3
+    ranks = [json.load(open(tmp_path / f"server_rank{r}.json")) for r in (0, 1)]
+    expected = [[v, f"policy-v{v}"] for v in range(3)]  # version of each rollout, adapter its requests named
+    assert [[v, m] for v, m, _ in ranks[0]] == [[v, m] for v, m, _ in ranks[1]] == expected
+    assert {n for _, _, n in ranks[0]} == {1} and {n for _, _, n in ranks[1]} == {0}  # only rank 0 owns a server
+    (log,) = os.listdir(tmp_path / "vllm")  # one server started, by rank 0
+    text = open(tmp_path / "vllm" / log).read()
+    assert text.count('"POST /v1/load_lora_adapter HTTP/1.1" 200') == 4  # fit start + 3 steps, from one rank
+    assert text.count('"POST /v1/completions HTTP/1.1" 200') > 2 * 3 * 8  # both ranks' rows (plus probes)
+
+
+def test_vllm_server_rollout_refuses_sharded_multi_process_trainers():
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+    from lightning_rlpt.rollout.vllm.ranks import check_strategy
+
+    with pytest.raises(ValueError, match=r"with 2 trainer processes only under DDP .*ModelParallelStrategy shards "
+                                         r"them.*Use strategy='ddp', or one trainer process \(devices=1\)"):
+        check_strategy(ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), 2)
+    check_strategy(DDPStrategy(), 2)
+    check_strategy(ModelParallelStrategy(), 1)
+
+
+def _lead_then_share_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from lightning_rlpt.rollout.vllm.ranks import lead_then_share
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    calls = []
+    result = lead_then_share(lambda: calls.append(rank) or ["http://a", "http://b"], "launching")
+    try:
+        lead_then_share(lambda: 1 / 0, "the weight sync of step 4")
+        error = None
+    except BaseException as err:  # noqa: BLE001 - recorded for the test
+        error = f"{type(err).__name__}: {err}"
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"calls": calls, "result": result, "error": error}, f)
+    dist.destroy_process_group()
+
+
+def test_lead_then_share_runs_on_rank_zero_and_shares_its_result_or_error(tmp_path):
+    """Two gloo processes: the action runs once (rank 0), both get its result; when it fails,
+    rank 0 raises its own error and rank 1 an error naming it, neither blocks."""
+    import torch.multiprocessing as mp
+    from lightning_rlpt.rollout.vllm.server import free_port
+
+    mp.start_processes(_lead_then_share_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn",
+                       join=True)
+    r0, r1 = (json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1))
+    assert (r0["calls"], r1["calls"]) == ([0], [])
+    assert r0["result"] == r1["result"] == ["http://a", "http://b"]
+    assert r0["error"] == "ZeroDivisionError: division by zero"
+    assert r1["error"] == ("RuntimeError: rank 0 failed the weight sync of step 4, so rank 1 stops too: "
+                           "ZeroDivisionError: division by zero")
+
+
+@pytest.mark.slow
+def test_ddp_episode_metrics_are_means_over_both_ranks(tmp_path):
+    """tools/call_frequency, tools/failure_frequency, turns/mean, turns/max and
+    completions/model_token_fraction under DDP are those of every rank's episodes together (the
+    counts gathered before dividing), worked out here from what each rank rolled out."""
+    rows, _ = _run("ddp", tmp_path, "--episodes")
+    r0, r1 = (s["episodes"] for s in _streams(tmp_path))
+    assert len(rows) == len(r0) == len(r1) == 3
+    local_differs = False
+    for row, a, b in zip(rows, r0, r1):
+        calls, failures, turns = a["tool_calls"] + b["tool_calls"], a["tool_failures"] + b["tool_failures"], a["turns"] + b["turns"]
+        expected = {"tools/call_frequency": sum(calls) / len(calls),
+                    "tools/failure_frequency": sum(failures) / sum(calls) if sum(calls) else 0.0,
+                    "turns/mean": sum(turns) / len(turns), "turns/max": max(turns),
+                    "completions/model_token_fraction": (sum(a["model_tokens"]) + sum(b["model_tokens"]))
+                    / (sum(a["episode_tokens"]) + sum(b["episode_tokens"]))}
+        for key, value in expected.items():
+            assert row[key] == pytest.approx(value, rel=1e-6), f"step {a['step']} {key}: {row[key]} vs {value}"
+        local_differs |= sum(a["tool_calls"]) / len(a["tool_calls"]) != expected["tools/call_frequency"]
+    assert local_differs, "rank 0's own rows gave the global values: the test would not see a missing gather"

@@ -2,7 +2,8 @@
 after optimizer steps and syncs the servers' greedy tokens and log-probs equal the HF policy's;
 two servers give what one gives for fixed seeds; a failed weight update, a wrong model and a
 server killed mid-rollout are caught. Two servers are shared by the module (each start ~35 s);
-every test stops what it starts, by pid."""
+every test stops what it starts, by pid. The servers run with LoRA serving enabled
+(``--enable-lora --max-lora-rank 8``), so LoRA policies are synced as adapters (or, forced, merged)."""
 import os
 import signal
 import threading
@@ -19,6 +20,7 @@ from lightning_rlpt.model.logprobs import position_ids_for
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.collect import rollout
 from lightning_rlpt.rollout.vllm.client import ServerFailure
+from lightning_rlpt.rollout.vllm.lora_transport import AdapterTransport
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
 
@@ -26,6 +28,12 @@ pytestmark = pytest.mark.slow  # time bounds: every HTTP call and server start h
 ATOL = 1e-4  # fp32 on both sides; observed ~1e-6
 GREEDY = SamplingConfig(max_new_tokens=4, temperature=0.0, max_prompt_length=8)
 SERVE = dict(max_model_len=64, kv_cache_memory_bytes=64 << 20, startup_timeout=240)
+LORA_SERVE = dict(extra_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"],
+                  env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+# The demo (2 layers, hidden 128, MLP 256), r = 4 on all 7 linears of a layer, fp32:
+# q, k, v, o: 4 (128 + 128); gate, up: 4 (128 + 256); down: 4 (256 + 128) numbers each.
+ADAPTER_BYTES = 2 * (4 * 4 * (128 + 128) + 3 * 4 * (128 + 256)) * 4
+FULL_BYTES = 1_328_640  # every weight of the demo in fp32 (what full and merged-LoRA syncs send)
 
 
 def make_module(path, **kwargs):
@@ -35,7 +43,8 @@ def make_module(path, **kwargs):
 
 @pytest.fixture(scope="module")
 def servers(warm_start_dir, tmp_path_factory):
-    started = VLLMServer.launch_many(warm_start_dir, 2, log_dir=str(tmp_path_factory.mktemp("vllm-logs")), **SERVE)
+    started = VLLMServer.launch_many(warm_start_dir, 2, log_dir=str(tmp_path_factory.mktemp("vllm-logs")), **SERVE,
+                                     **LORA_SERVE)
     yield started
     for server in started:
         server.stop()
@@ -58,23 +67,55 @@ def greedy_parity(engine, module, prompts):
     return exp
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
+@pytest.mark.parametrize("mode", ["full", "lora-merged", "lora-adapter"])
 def test_greedy_tokens_and_logprobs_match_after_steps_and_syncs(mode, servers, warm_start_dir, arithmetic_rows):
+    """Full and merged-LoRA syncs replace the servers' weights; an adapter sync loads
+    ``policy-v<step>`` beside the untouched base. Either way, after 3 steps the served greedy
+    tokens and log-probs are the HF policy's, and the logged bytes per sync are what was sent."""
     kwargs = dict(lr=1e-3) if mode == "full" else dict(lr=1e-2, lora=dict(r=4, lora_alpha=8))
     module = make_module(warm_start_dir, **kwargs)
     prompts = [row["prompt"] for row in arithmetic_rows[:32]]
-    callback = VLLMServerRollout(urls=[s.url for s in servers])
-    quiet_trainer(max_steps=3, callbacks=[callback]).fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
+    callback = VLLMServerRollout(urls=[s.url for s in servers], lora_sync="merged" if mode == "lora-merged" else "auto")
+    trainer = quiet_trainer(max_steps=3, callbacks=[callback])
+    trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
     assert module.policy_version == 3
+    assert trainer.callback_metrics["vllm/weight_sync_bytes"].item() == (
+        ADAPTER_BYTES if mode == "lora-adapter" else FULL_BYTES)
     engine = engine_over(servers)
+    base = engine.pool.model
     assert [engine.pool.get(s.url, "/weight_info")["weight_version"] for s in servers] == ["3", "3"]
+    served = [{m["id"] for m in engine.pool.get(s.url, "/v1/models")["data"]} for s in servers]
+    if mode == "lora-adapter":  # step 3's adapter is served, earlier ones were unloaded
+        assert served == [{base, "policy-v3"}] * 2
+        engine.pool.model = "policy-v3"
+    else:
+        assert served == [{base}] * 2
     engine.policy_version = 3
     greedy_parity(engine, module, prompts)  # both servers hold step 3's weights
     ids = module.tokenizer(prompts)["input_ids"]
     after = engine.generate(ids, GREEDY, 0)
-    engine.load_weights(policy_weights(make_module(warm_start_dir).policy), 0)
+    if mode == "lora-adapter":  # the base was never touched: it is still the warm start
+        engine.pool.model = base
+        greedy_parity(engine, make_module(warm_start_dir), prompts)
+    else:
+        engine.load_weights(policy_weights(make_module(warm_start_dir).policy), 0)
     before = engine.generate(ids, GREEDY, 0)
     assert after.logprobs != before.logprobs  # the trained weights differ from the warm start's
+
+
+def test_an_adapter_the_servers_cannot_hold_is_refused_before_training(servers, warm_start_dir, arithmetic_rows):
+    """Rank 16 > the servers' --max-lora-rank 8: the first sync (at fit start) fails, naming the
+    server and the flags to restart it with; no step is trained and the server's version stays
+    ``updating-0`` (the pre-rollout check would refuse it)."""
+    module = make_module(warm_start_dir, lora=dict(r=16, lora_alpha=32))
+    url = servers[0].url
+    with pytest.raises(ValueError, match=rf"vLLM server {url} refused the LoRA adapter \(rank 16\) on "
+                                         r"/v1/load_lora_adapter at .*max_lora_rank 8.*--max-lora-rank 16 .*"
+                                         "lora_sync='merged'"):
+        quiet_trainer(max_steps=1, callbacks=[VLLMServerRollout(urls=[url])]).fit(
+            module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
+    assert module.policy_version == 0
+    assert engine_over(servers[:1]).pool.get(url, "/weight_info")["weight_version"] == "updating-0"
 
 
 def test_two_servers_give_the_same_rollout_as_one(servers, warm_start_dir, arithmetic_rows):
@@ -167,6 +208,27 @@ def test_a_server_with_another_architecture_is_refused(tmp_path, warm_start_dir,
     assert not qwen.alive()
 
 
+def test_a_new_trainer_replaces_the_adapters_an_earlier_one_left(servers, warm_start_dir):
+    """A resumed run (a fresh `AdapterTransport`) syncs a step whose adapter name an earlier run
+    left loaded: the stale ``policy-v*`` adapters are unloaded first, and the new one is served."""
+    module = make_module(warm_start_dir, lora=dict(r=4, lora_alpha=8))
+    outputs = []
+    for scale in (0.0, 0.05):  # the second run's adapter differs: its log-probs must be served
+        with torch.no_grad():
+            for name, p in module.policy.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, scale)
+        engine = engine_over(servers, transport=AdapterTransport(None, module.policy))
+        base = engine.pool.model
+        engine.load_weights(policy_weights(module.policy), 1)
+        served = [{m["id"] for m in engine.pool.get(s.url, "/v1/models")["data"]} for s in servers]
+        assert served == [{base, "policy-v1"}] * 2  # earlier tests' and runs' adapters are gone
+        assert engine.pool.model == "policy-v1"
+        outputs.append(greedy_parity(engine, module, [task.rows([(1, 2)])[0]["prompt"]]).behaviour_logprobs)
+        engine.close()
+    assert not torch.equal(outputs[0], outputs[1])
+
+
 def test_a_killed_server_fails_over_then_the_run_stops_naming_it(servers, warm_start_dir, arithmetic_rows):
     """Runs after every test that uses the module's servers: it kills them (the fixture's stop copes)."""
     module = make_module(warm_start_dir)
@@ -217,3 +279,4 @@ def test_launch_starts_servers_for_the_fit_and_stops_them_by_pid(tmp_path, warm_
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # stopped at teardown (and reaped)
     assert len(os.listdir(tmp_path / "logs")) == 1 and callback.engine is None
+

@@ -16,10 +16,19 @@ on a task where half the prompts always score 0 (so refills happen) and writes, 
 ``streams_rank{r}.json``: the dataset rows of every rollout (sampled batch, then refills) and
 the dithering noise of every training batch.
 
+With ``--episodes`` rollouts go through `scripted_episodes` (a ``rollout_func`` whose episode
+counts depend on the prompt) and each rank writes its rows' counts per rollout to
+``streams_rank{r}.json`` (key ``episodes``).
+
 With ``--reward-model DIR`` the reward is that reward model (instead of the exact answer) and
 each rank writes ``reward_model_rank{r}.json``: what it holds of the reward model (device,
 DTensor or full tensors, trainable or not, parameter count and sum, whether any of it is in the
 module's state_dict).
+
+With ``--engine server`` rollouts come from one vLLM server that `VLLMServerRollout(launch=...)`
+starts (on rank 0; logs in ``DIR/vllm``); each rank writes ``server_rank{r}.json``: per rollout
+the policy version, the model name its requests named and how many servers its engine owns.
+``--lora`` trains a LoRA adapter (r = 4), synced to the server as an adapter.
 """
 import json
 import argparse
@@ -40,7 +49,7 @@ from layer_forwards import count_grad_forwards  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
 from lightning_rlpt.callbacks import CurriculumSampler, RewardDithering  # noqa: E402
 
-RECORD: dict[str, list] = {"rollouts": [], "noise": []}
+RECORD: dict[str, list] = {"rollouts": [], "noise": [], "server": [], "episodes": []}
 
 
 class StreamRecorder(RLCallback):
@@ -52,6 +61,38 @@ class StreamRecorder(RLCallback):
     def on_advantages_computed(self, trainer, module, experience):
         noise = experience.rewards - module.rewards.combine(experience.rewards_per_func)
         RECORD["noise"].append((trainer.global_step, noise.tolist()))
+
+
+class ServerRecorder(RLCallback):
+    """What each rank's server engine did per rollout (``--engine server``)."""
+
+    def on_rollout_end(self, trainer, module, experience):
+        engine = module.rollout_engine
+        RECORD["server"].append([experience.policy_version, engine.pool.model, len(engine.servers)])
+
+
+class EpisodeRecorder(RLCallback):
+    """Each rollout's per-row episode counts on this rank (what the rank-local metrics would use)."""
+
+    def on_rollout_end(self, trainer, module, experience):
+        info = {k: v.tolist() for k, v in experience.info.items()}
+        RECORD["episodes"].append({"step": trainer.global_step, **info,
+                                   "model_tokens": experience.completion_mask.sum(1).tolist()})
+
+
+def scripted_episodes(prompts, engine, tokenizer, sampling, seeds):
+    """A ``rollout_func``: one sampled turn per row, then as many (pretend) tool calls as the
+    prompt's first digit mod 3, each answered by one non-model token; every second call fails.
+    Rows differ, so each rank's counts differ from the other's."""
+    from lightning_rlpt.rollout.episodes import Episode
+
+    out = engine.generate([tokenizer(p)["input_ids"] for p in prompts], sampling, seeds)
+    episodes = []
+    for prompt, ids in zip(prompts, out.completion_ids):
+        calls = int(prompt[0]) % 3
+        episodes.append(Episode(ids + [task.PAD_ID] * calls, [1] * len(ids) + [0] * calls, turns=1 + calls,
+                                tool_calls=calls, tool_failures=calls // 2))
+    return episodes
 
 
 def half_constant(prompts, completions, kind, completion_ids, **_):
@@ -67,11 +108,13 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4, help="prompts per step over all ranks")
     p.add_argument("--kl-coef", type=float, default=0.05)
     p.add_argument("--resume-at", type=int, default=None)
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "server"])
+    p.add_argument("--lora", action="store_true")
     p.add_argument("--streams", action="store_true")
     p.add_argument("--micro-batch-size", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_micro_batch")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--episodes", action="store_true", help="rollouts through scripted_episodes (a rollout_func)")
     p.add_argument("--padding-free", action="store_true")
     p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     p.add_argument("--reward-model", default=None, help="a reward model directory, scored instead of the answer")
@@ -88,9 +131,12 @@ def main() -> None:
     save_weights(trainer, module, args.out)
     with open(os.path.join(args.out, f"layer_forwards_rank{trainer.global_rank}.json"), "w") as f:
         json.dump(module.grad_forwards[0], f)  # of the last fit (after --resume-at: the resumed part)
+    if args.engine == "server":
+        with open(os.path.join(args.out, f"server_rank{trainer.global_rank}.json"), "w") as f:
+            json.dump(RECORD["server"], f)
     if args.reward_model:
         save_reward_model_facts(trainer, module, args.out)
-    if args.streams:
+    if args.streams or args.episodes:
         with open(os.path.join(args.out, f"streams_rank{trainer.global_rank}.json"), "w") as f:
             json.dump(RECORD, f)
 
@@ -105,7 +151,9 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                       micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens,
                       gradient_checkpointing=args.gradient_checkpointing,
                       padding_free=args.padding_free,
-                      top_entropy_quantile=args.top_entropy_quantile)
+                      top_entropy_quantile=args.top_entropy_quantile,
+                      lora=dict(r=4, lora_alpha=8) if args.lora else None,
+                      rollout_func=scripted_episodes if args.episodes else None)
     module.grad_forwards = count_grad_forwards(module.policy)
     train, _ = task.split_pairs()
     rows = task.rows(train[:32])
@@ -115,19 +163,25 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                                        CurriculumSampler(None, use_as="loss", dynamic_filtering=True,
                                                          max_refill_rounds=2, seed=9),
                                        StreamRecorder()]
+    if args.episodes:
+        callbacks = list(callbacks) + [EpisodeRecorder()]
     data = PromptDataModule(rows, batch_size=args.prompts // devices, seed=1)
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
                         logger=CSVLogger(args.out, name="", version=version), log_every_n_steps=1,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
-                        callbacks=list(callbacks) + engine_callbacks(args.engine))
+                        callbacks=list(callbacks) + engine_callbacks(args.engine, args.out))
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer, module
 
 
-def engine_callbacks(engine: str) -> list:
+def engine_callbacks(engine: str, out: str) -> list:
     if engine == "hf":
         return []
-    from lightning_rlpt.callbacks import VLLMRollout
+    from lightning_rlpt.callbacks import VLLMRollout, VLLMServerRollout
+    if engine == "server":
+        launch = dict(num_servers=1, max_model_len=64, kv_cache_memory_bytes=64 << 20, dtype="float32",
+                      log_dir=os.path.join(out, "vllm"))
+        return [VLLMServerRollout(launch=launch, request_timeout=120, control_timeout=120), ServerRecorder()]
     return [VLLMRollout(max_model_len=64, dtype="float32")]
 
 

@@ -64,15 +64,42 @@ def check_tensor_parallel(size: int, on_gpu: bool) -> None:
                          f"and {available}" + ("" if on_gpu else " (use 1 on CPU)"))
 
 
-def context_length(module: Any, max_model_len: int | None, max_tokens: int | None, config: Any) -> int:
-    """vLLM's ``max_model_len``: the longest prompt plus the longest completion, checked."""
+def context_length(module: Any, max_model_len: int | None, max_tokens: int | None, config: Any,
+                   minimum: bool = False) -> int:
+    """vLLM's ``max_model_len``: the longest prompt plus the longest completion, checked.
+
+    Multi-turn episodes (``RLModule(tools=..., environment=..., rollout_func=...)``) need more:
+    an episode's context is the prompt, every model turn *and* every tool/environment message,
+    and ``max_new_tokens`` counts model tokens only (docs/agents.md). So with an active agent
+    and no ``max_model_len`` the engine gets the model's whole context
+    (``max_position_embeddings``), the bound the HF engine has too (both then truncate an
+    episode at the same point, flagged); a given ``max_model_len`` must still hold the longest
+    prompt and completion, and episodes longer than it are truncated and flagged.
+
+    Args:
+        module: the `RLModule` (its sampling settings and agent).
+        max_model_len: the caller's value, or None to size it.
+        max_tokens: a training override of ``max_new_tokens`` (``VLLMRollout(max_tokens=...)``).
+        config: the policy's config.
+        minimum: the least an engine started elsewhere must hold (prompt + completion), not
+            the size to start one with.
+
+    Example:
+        >>> context_length(module, None, None, module.policy.config)  # doctest: +SKIP
+        72
+    """
     prompt = module.sampling.max_prompt_length
     completion = max(module.sampling.max_new_tokens, module.val_sampling.max_new_tokens, max_tokens or 0)
     positions = getattr(config, "max_position_embeddings", None)
-    if prompt is None:
+    episodes = not minimum and max_model_len is None and getattr(getattr(module, "agent", None), "active", False)
+    if prompt is None or (episodes and positions is not None):
         if max_model_len is None and positions is None:
             raise ValueError("set max_model_len (or the generation's max_prompt_length): the model config has no "
                              "max_position_embeddings to size vLLM's context from")
+        if prompt is not None and positions < prompt + completion:
+            raise ValueError(f"the model's context (max_position_embeddings={positions}) is shorter than "
+                             f"max_prompt_length {prompt} + max_new_tokens {completion}; lower max_prompt_length or "
+                             "max_new_tokens")
         return int(max_model_len or positions)
     needed = prompt + completion
     if max_model_len is not None and max_model_len < needed:

@@ -91,7 +91,12 @@ class ServerPool:
         if resp.status_code >= 400:
             raise ServerFailure(f"vLLM server {url} answered {resp.status_code} to {path} at {self.where}: "
                                 f"{resp.text[:500]}")
-        return resp.json() if resp.content else None
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:  # /v1/load_lora_adapter answers plain text
+            return resp.text
 
     # ---------------------------------------------------------------- completions
     def complete(self, requests_: list[dict[str, Any]]) -> list[tuple[list[int], list[float]]]:

@@ -34,6 +34,7 @@ from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..sampling import SamplingConfig
 from .client import ServerFailure, ServerPool
 from .engine import OVERRIDES, request_seeds
+from .ranks import lead_then_share
 from .server import VLLMServer
 from .transport import SnapshotTransport
 
@@ -44,7 +45,8 @@ class RemoteVLLMEngine(RolloutEngine):
     Args:
         urls: server base URLs.
         eos_token_id: ends a completion (kept as its last token).
-        transport: `SnapshotTransport` (default, in a temporary directory) or `NCCLTransport`.
+        transport: `SnapshotTransport` (default, in a temporary directory), `NCCLTransport`, or
+            `AdapterTransport` (LoRA adapters; it sets ``pool.model`` to the adapter it loaded).
         servers: `VLLMServer` processes this engine owns (stopped by `close`).
         sync_every: optimizer steps between weight syncs (1 = on-policy).
         overrides: training-rollout sampling overrides (as `VLLMEngine`'s).
@@ -70,6 +72,7 @@ class RemoteVLLMEngine(RolloutEngine):
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         self.transport = transport or SnapshotTransport(tempfile.mkdtemp(prefix="rlpt-weights-"))
         self.policy_version, self.phase, self.syncs = 0, "training", 0
+        self.max_model_len: int | None = None  # the servers' smallest context, once `check_model` read it
         self.last_sync: dict[str, float] = {}
 
     @property
@@ -96,9 +99,11 @@ class RemoteVLLMEngine(RolloutEngine):
         vocab = int(policy.get_input_embeddings().weight.shape[0]) if hasattr(policy, "get_input_embeddings") \
             else int(config.vocab_size)
         vocab = min(vocab, len(tokenizer))  # vLLM checks prompt ids against the tokenizer's vocabulary
+        lengths = []
         for url in self.pool.urls:
             info = self.pool.get(url, "/v1/models")["data"][0]
-            if int(info.get("max_model_len") or 0) < needed_len:
+            lengths.append(int(info.get("max_model_len") or 0))
+            if lengths[-1] < needed_len:
                 raise ValueError(f"vLLM server {url} has max_model_len={info.get('max_model_len')} < the {needed_len} "
                                  f"tokens the rollouts need; restart it with --max-model-len {needed_len} or more")
             if not (self._accepts(url, vocab - 1) and not self._accepts(url, vocab)):
@@ -110,6 +115,7 @@ class RemoteVLLMEngine(RolloutEngine):
                 raise ValueError(f"vLLM server {url} serves a model with {layers} decoder layers, the policy has "
                                  f"{config.num_hidden_layers}: a different architecture. Start it from the policy's "
                                  "checkpoint (or launch=dict(...))")
+        self.max_model_len = min(lengths)  # episodes stop (flagged) before a context the servers would refuse
 
     def _accepts(self, url: str, token_id: int) -> bool:
         import requests
@@ -124,7 +130,8 @@ class RemoteVLLMEngine(RolloutEngine):
 
     def _served_layers(self, url: str) -> int:
         names = self.pool.post(url, "/weight_checker", {"action": "checksum"})["checksums"]
-        found = {int(m.group(1)) for n in names for m in [re.search(r"\.layers\.(\d+)\.", n)] if m}
+        # Llama-style ``model.layers.N.``, GPT-2/Falcon-style ``transformer.h.N.``
+        found = {int(m.group(1)) for n in names for m in [re.search(r"\.(?:layers|h)\.(\d+)\.", n)] if m}
         return max(found) + 1 if found else 0
 
     @torch.no_grad()
@@ -203,15 +210,21 @@ class RemoteVLLMEngine(RolloutEngine):
 
         The servers' version reads ``updating-<version>`` until the load has finished on all of
         them and their prefix caches are reset, so an interrupted sync is caught by `check_versions`.
+        Under DDP rank 0 alone sends; the other ranks wait for its outcome (`rollout.vllm.ranks`).
         """
+        self.policy_version = int(version)
+        self.last_sync, self.pool.model = lead_then_share(lambda: self._send(weights, version),
+                                                          f"the weight sync of step {version}")
+        self.syncs += 1
+
+    def _send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> tuple[dict[str, float], str]:
         start = time.perf_counter()
         self.pool.post_all("/update_weight_version", {"new_version": f"updating-{version}"})
-        self.policy_version = int(version)
-        sent = self.transport.send(self.pool, weights, tie_word_embeddings=self.tie_word_embeddings)
+        sent = self.transport.send(self.pool, weights, tie_word_embeddings=self.tie_word_embeddings,
+                                   version=version)  # an AdapterTransport also sets pool.model
         self.pool.post_all("/reset_prefix_cache")  # cached KV blocks were computed with the old weights
         self.pool.post_all("/update_weight_version", {"new_version": str(version)})
-        self.last_sync = {"bytes": sent, "seconds": time.perf_counter() - start}
-        self.syncs += 1
+        return {"bytes": sent, "seconds": time.perf_counter() - start}, self.pool.model
 
     def close(self) -> None:
         """Stop the servers this engine started (by pid) and remove the snapshot (idempotent)."""

@@ -14,6 +14,10 @@
   ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``). **Not tested here**
   (no GPU on this machine).
 
+- `AdapterTransport` (``lora_transport.py``): a LoRA policy's adapter alone, loaded with vLLM's
+  ``/v1/load_lora_adapter``. Every transport's ``send`` takes the optimizer step as
+  ``version`` (the adapter transport names the served adapter by it; the others ignore it).
+
 Either way the version protocol around a send is the engine's (`RemoteVLLMEngine.load_weights`):
 the server's ``weight_version`` is set to ``updating-<v>`` first and to ``<v>`` only after a
 complete load, so a failed or partial update leaves a version that the pre-rollout check refuses.
@@ -63,7 +67,8 @@ class SnapshotTransport:
     def __init__(self, directory: str, dtype: torch.dtype | None = None):
         self.directory, self.dtype = directory, dtype
 
-    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool) -> int:
+    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool,
+             version: int = 0) -> int:
         """Bytes written (= read by each server)."""
         shutil.rmtree(self.directory, ignore_errors=True)
         os.makedirs(self.directory)
@@ -104,7 +109,8 @@ class NCCLTransport:  # pragma: no cover - needs CUDA GPUs for trainer and serve
             self.engines[url] = WeightTransferTrainerFactory.trainer_init(info, client=client, source=_ListSource(self))
         return self.engines[url]
 
-    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool) -> int:
+    def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool,
+             version: int = 0) -> int:
         # The source is iterated once per server; a list keeps one materialised copy (LoRA-merged).
         self._weights = [(n, t.detach().contiguous()) for n, t in weights]
         for url in pool.live:
