@@ -15,6 +15,7 @@ from lightning_rlpt.rollout import RolloutEngine
 from lightning_rlpt.rollout.vllm.checks import check_head_dim, context_length, model_config
 from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, policy_dtype
 from lightning_rlpt.rollout.vllm.lora_transport import LORA_SYNC_MODES, adapter_transport, launch_lora_options
+from lightning_rlpt.rollout.vllm.pipeline import RolloutPipeline
 from lightning_rlpt.rollout.vllm.ranks import check_strategy, lead_then_share
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
@@ -71,13 +72,15 @@ class VLLMServerRollout(EngineCallback):
         >>> trainer = L.Trainer(callbacks=[VLLMServerRollout(urls=["http://10.0.0.7:8000"])])  # doctest: +SKIP
     """
 
-    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version")
+    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version", "group_size",
+                "episodes")
 
     def __init__(self, *, urls: list[str] | None = None, launch: dict[str, Any] | None = None, sync_every: int = 1,
                  request_timeout: float = 600.0, control_timeout: float = 600.0, max_inflight: int = 64,
                  transport: Any = None, temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, max_tokens: int | None = None, stop: list[Any] | None = None,
-                 validate: bool = False, parity_atol: float | None = 1e-3, lora_sync: str = "auto"):
+                 validate: bool = False, parity_atol: float | None = 1e-3, lora_sync: str = "auto",
+                 max_staleness: int = 0, async_seed: int = 0):
         if (urls is None) == (launch is None):
             raise ValueError("give exactly one of urls=[...] (running vLLM servers) or launch=dict(...) (start local "
                              f"ones); got urls={urls!r}, launch={launch!r}")
@@ -92,8 +95,12 @@ class VLLMServerRollout(EngineCallback):
             raise ValueError(f"sync_every must be >= 1 optimizer steps (got {sync_every}); 1 is on-policy")
         if lora_sync not in LORA_SYNC_MODES:
             raise ValueError(f"lora_sync must be one of {LORA_SYNC_MODES} (got {lora_sync!r})")
+        check_staleness(max_staleness, sync_every)
         self.lora_sync = lora_sync
         self.urls, self.launch, self.sync_every, self.validate = urls, dict(launch or {}), sync_every, validate
+        self.max_staleness, self.async_seed = max_staleness, async_seed
+        self.pipeline: RolloutPipeline | None = None
+        self._pipeline_state: dict[str, Any] | None = None
         self.pool_kwargs = dict(request_timeout=request_timeout, control_timeout=control_timeout,
                                 max_inflight=max_inflight)
         self.transport, self.parity_atol = transport, parity_atol
@@ -108,6 +115,8 @@ class VLLMServerRollout(EngineCallback):
         if stage != "fit" and not (stage == "validate" and self.validate):
             return
         check_module(self, pl_module)
+        if self.max_staleness and stage == "fit":
+            refuse_async_with(trainer, pl_module, self.max_staleness)
         config = model_config(pl_module.policy)
         # Launched servers get the size to run with (episodes: the whole context); given ones must hold the minimum.
         needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config,
@@ -133,6 +142,11 @@ class VLLMServerRollout(EngineCallback):
             raise
         self._install(pl_module, engine)
         self.engine.check_model(pl_module.policy, pl_module.tokenizer, needed)  # before any weight is sent
+        if self.max_staleness and stage == "fit":  # the module samples through the pipeline; the callback drives `engine`
+            self.pipeline = RolloutPipeline(engine, self.max_staleness, seed=self.async_seed)
+            if self._pipeline_state is not None:
+                self.pipeline.load_state_dict(self._pipeline_state)
+            pl_module.rollout_engine = self.pipeline
 
     def _launch(self, trainer: L.Trainer, module: L.LightningModule, needed: int) -> list[VLLMServer]:
         config = model_config(module.policy)
@@ -164,11 +178,41 @@ class VLLMServerRollout(EngineCallback):
             vocab = len(pl_module.tokenizer)
             self.engine.check_parity(pl_module.policy, list(range(1, min(vocab, 9))), atol=self.parity_atol)
 
+    # ---------------------------------------------------------------- the asynchronous pipeline
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.pipeline is not None:
+            self.pipeline.start(trainer.train_dataloader, trainer.current_epoch, pl_module.tokenizer,
+                                pl_module.sampling, pl_module.group_size)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.pipeline is not None:  # batch j trained and synced: generate batch j + k + 1 meanwhile
+            self.pipeline.submit()
+
+    def on_rewards_computed(self, trainer: L.Trainer, pl_module: L.LightningModule, experience: Any) -> None:
+        if self.engine is not None:  # optimizer steps between the sampling weights and the trainer's, all ranks
+            lag = float(pl_module.policy_version - experience.policy_version)
+            pl_module.log("async/staleness/mean", lag, on_step=True, on_epoch=False, batch_size=1, sync_dist=True)
+            pl_module.log("async/staleness/max", lag, on_step=True, on_epoch=False, batch_size=1, sync_dist=True,
+                          reduce_fx="max")
+
+    def state_dict(self) -> dict[str, Any]:
+        """With ``max_staleness``: the rollouts generated ahead (the one in flight waited for)."""
+        if self.pipeline is not None:
+            return {"pipeline": self.pipeline.state_dict()}
+        return {"pipeline": self._pipeline_state} if self._pipeline_state else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pipeline_state = state.get("pipeline")
+        if self.pipeline is not None and self._pipeline_state is not None:
+            self.pipeline.load_state_dict(self._pipeline_state)
+
     # ---------------------------------------------------------------- phases
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.engine is None:
             return
         self.engine.phase, self.engine.where = "training", f"global step {trainer.global_step}"
+        if self.pipeline is not None:
+            self.pipeline.expect(batch, self.engine.where)
         behind = pl_module.policy_version - self.engine.policy_version
         if not 0 <= behind < self.sync_every:
             raise RuntimeError(f"the vLLM servers hold step {self.engine.policy_version}'s weights at global step "
@@ -179,15 +223,49 @@ class VLLMServerRollout(EngineCallback):
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.engine is None:
             return
+        if self.pipeline is not None:
+            self.pipeline.drain()  # the batch in flight finishes as a training rollout
         self.engine.phase = "validation"
         if self.engine.policy_version != pl_module.policy_version:
             self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
 
     # ---------------------------------------------------------------- shutdown (EngineCallback releases)
+    def _release(self, module: L.LightningModule) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
+            if module.rollout_engine is self.pipeline:
+                module.rollout_engine = self.engine  # so the base puts the previous engine back
+            self.pipeline = None
+        super()._release(module)
+
     def _cleanup(self) -> None:  # the engine's close() stops the servers it launched, by pid
         if self._export_dir:
             shutil.rmtree(self._export_dir, ignore_errors=True)
             self._export_dir = None
+
+
+def check_staleness(max_staleness: Any, sync_every: int) -> None:
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        raise ValueError(f"max_staleness must be an int >= 0 (got {max_staleness!r}): 0 samples each batch when it "
+                         "trains, k >= 1 generates the next k batches while the trainer updates")
+    if max_staleness and sync_every != 1:
+        raise ValueError(f"max_staleness={max_staleness} with sync_every={sync_every}: both make rollouts stale; "
+                         "use one of them (max_staleness with sync_every=1, or sync_every with max_staleness=0)")
+
+
+def refuse_async_with(trainer: L.Trainer, module: L.LightningModule, max_staleness: int) -> None:
+    """What cannot run ahead of training, refused before any server starts."""
+    if module.episodes:
+        raise ValueError(f"max_staleness={max_staleness} cannot run multi-turn episodes (tools, environment or "
+                         "rollout_func): each turn's prompt depends on the previous turn's tool results. Use "
+                         "max_staleness=0 with episodes")
+    from .curriculum_sampler import CurriculumSampler
+
+    if any(isinstance(c, CurriculumSampler) for c in trainer.callbacks):
+        raise ValueError(f"max_staleness={max_staleness} cannot run with CurriculumSampler: its sampling weights and "
+                         "filters follow the pass rates of the batches just trained, so batches drawn "
+                         f"{max_staleness} step(s) ahead would come from stale weights (and refills cannot be "
+                         "generated ahead). Use max_staleness=0 with a curriculum")
 
 
 def _cuda() -> bool:

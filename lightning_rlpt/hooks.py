@@ -48,7 +48,7 @@ PUBLIC_SURFACE = (
     "policy_logprobs", "refill", "sync_engine",           # act
     "policy", "reference", "use_reference", "tokenizer",  # the models (ReferenceReset, VLLMRollout)
     "rollout_engine", "sampling", "val_sampling",         # the engine and its settings (VLLMRollout)
-    "objective", "group_size", "success_threshold", "reward_names", "policy_version",  # facts about the run
+    "objective", "group_size", "success_threshold", "reward_names", "policy_version", "episodes",  # facts
 )
 
 

@@ -286,6 +286,11 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     def reward_names(self) -> list[str]:
         return self.rewards.names
 
+    @property
+    def episodes(self) -> bool:
+        """Rollouts are multi-turn episodes (tools, an environment or a ``rollout_func``)."""
+        return self.agent.active
+
     def policy_logprobs(self, exp: Experience, with_entropy: bool = False):
         """``(log-probs [N, C], entropies or None)`` of ``exp``'s completions under the policy, at
         the sampling temperature (the fused kernel where the head allows). Grad follows the caller."""
