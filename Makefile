@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean bench-trl bench-memory
+.PHONY: demo test install clean bench-trl bench-memory calculator
 
 install: $(STAMP)
 
@@ -21,9 +21,13 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) examples/arithmetic/run.py
 
-# The tool-calling example (issue 15): GRPO with a multiply tool vs the same budget without it.
 test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
+
+# The tool-calling example: GRPO with a multiply tool vs the same budget without it, from the
+# shipped warm start (docs/agents_example.md; the README's calculator table and plot).
+calculator: $(STAMP)
+	$(PY) examples/tool_calculator/run_calculator.py
 
 # Benchmarks (not set-up commands): TRL is a peer to measure against, never a dependency.
 bench-trl: $(STAMP)

@@ -1,7 +1,10 @@
 """3-digit multiplication with a calculator tool: a character-level tokenizer with a Qwen/Hermes-style
 chat template, a tiny Qwen2, the ``multiply`` tool, the data split and the reward.
 
-The tokenizer spells every printable ASCII character (and newline) as one token, plus the chat
+The tokenizer spells every printable ASCII character (and newline) as one token, except digits,
+which come in chunks of up to three from the left (``146970`` → ``146`` ``970``), as Llama 3's and
+GPT-4's tokenizers split numbers: a factor is then one token, which a 2-layer model learns to copy
+into the tool call (spelled digit by digit, four SFT attempts never copied them). Plus the chat
 markers: ``<|im_start|>``, ``<|im_end|>`` (EOS) and ``<pad>`` are special (dropped when decoding
 with ``skip_special_tokens``); ``<tool_call>``, ``</tool_call>``, ``<tool_response>`` and
 ``</tool_response>`` are added tokens that stay in decoded text, as in Qwen2.5's tokenizer, so a
@@ -30,6 +33,7 @@ SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
 TOOL_MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 94 visible characters, space and newline
 PAD_ID, IM_START_ID, EOS_ID = 0, 1, 2
+NUMBERS = [f"{n:0{w}d}" for w in (2, 3) for n in range(10 ** w)]  # every 2- and 3-digit chunk (1-digit: in CHARS)
 HELD_OUT = 200  # test products (one order of each unordered pair)
 DEV = 100       # dev products, disjoint from the test pairs
 
@@ -67,9 +71,10 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         >>> tok.decode(tok("<tool_call>7</tool_call>", add_special_tokens=False)["input_ids"])
         '<tool_call>7</tool_call>'
     """
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + TOOL_MARKERS + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + TOOL_MARKERS + CHARS + NUMBERS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="?"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Digits in chunks of up to three from the left ("146970" -> "146", "970"), as Llama 3's tokenizer does.
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d{1,3}|[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_MARKERS])
@@ -80,7 +85,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def vocab_size() -> int:
-    return len(SPECIALS) + len(TOOL_MARKERS) + len(CHARS)
+    return len(SPECIALS) + len(TOOL_MARKERS) + len(CHARS) + len(NUMBERS)
 
 
 def build_model(seed: int = 0) -> Qwen2ForCausalLM:

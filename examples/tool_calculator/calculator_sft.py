@@ -1,16 +1,21 @@
-"""Build the warm start: supervised fine-tuning of a tiny Qwen2 on ``traces.jsonl``.
+"""Build the warm start: supervised fine-tuning of a tiny Qwen2 in two phases.
+
+1. **format** (``--format-steps``, 800): tool traces only (make_traces.FORMAT), lr 2e-3 with a
+   20-step warm-up and a linear decay. The model learns the call format and to copy the factors
+   into it, and to copy the tool's result into its answer.
+2. **mix** (``--mix-steps``, 200): half tool traces, half direct answers (make_traces.MIX), lr 5e-4
+   constant. The model now calls the tool on part of the prompts and answers the others directly
+   (wrongly: a 2-layer model cannot multiply), which leaves RL room.
 
 The loss covers the assistant turns only (the tool call and the final answer, each with its
-``<|im_end|>``); the prompt, system turn and tool results are context. The traces mix tool calls
-and direct answers (see make_traces.py), so the warm start calls the tool on part of the prompts
-only and leaves RL room. The step count was chosen on the dev products, not the test ones. The
-result is small and shipped in ``warm_start/``; this script rebuilds it bit for bit on CPU (fixed
-seeds): ``python examples/tool_calculator/calculator_sft.py``.
+``<|im_end|>``); the prompt, system turn and tool results are context. Both step counts were chosen
+on the dev products (not the test ones): ``--eval-every N`` prints dev accuracy and tool-call
+frequency after the format phase and every N mix steps. The result (~2.5 MB) ships in ``warm_start/``; this script rebuilds it on
+CPU with fixed seeds: ``python examples/tool_calculator/calculator_sft.py``.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 
@@ -18,10 +23,12 @@ import torch
 from transformers.utils import get_json_schema
 
 import greedy_eval as evaluate  # noqa: E402  (examples/tool_calculator/greedy_eval.py)
+import make_traces
 import calculator as task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DIR = os.path.join(HERE, "warm_start")
+BATCH = 16
 
 
 def encode(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
@@ -41,17 +48,17 @@ def encode(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def train(traces: list[dict], steps: int, batch_size: int = 16, lr: float = 2e-3, seed: int = 0,
-          eval_every: int = 0):
-    tokenizer = task.build_tokenizer()
-    model = task.build_model(seed=seed)
+def run_phase(model, tokenizer, traces: list[dict], steps: int, lr: float, decay: bool, seed: int,
+              eval_every: int = 0, name: str = "") -> None:
+    """``steps`` AdamW steps on random batches of ``traces`` (warm-up + linear decay when ``decay``)."""
     data = [encode(tokenizer, t["messages"]) for t in traces]
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
-    model.train()
+    shape = (lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps)) if decay else (lambda s: 1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, shape)
     for step in range(steps):
-        batch = rng.sample(data, batch_size)
+        model.train()
+        batch = rng.sample(data, BATCH)
         width = max(len(x) for x, _ in batch)
         x = torch.tensor([r + [task.PAD_ID] * (width - len(r)) for r, _ in batch])
         y = torch.tensor([r + [-100] * (width - len(r)) for _, r in batch])
@@ -61,29 +68,38 @@ def train(traces: list[dict], steps: int, batch_size: int = 16, lr: float = 2e-3
         opt.step()
         sched.step()
         if step % 50 == 0:
-            print(f"sft step {step:4d}  loss {loss.item():.3f}", flush=True)
+            print(f"{name} step {step:4d}  loss {loss.item():.3f}", flush=True)
         if eval_every and (step + 1) % eval_every == 0:
-            print(f"  dev after {step + 1} steps: {evaluate.evaluate(model, tokenizer, task.split_pairs()[1])}", flush=True)
-            model.train()
+            print(f"  dev after {step + 1} {name} steps: {evaluate.evaluate(model, tokenizer, task.split_pairs()[1])}",
+                  flush=True)
+
+
+def train(format_steps: int = 800, mix_steps: int = 200, seed: int = 0, eval_every: int = 0):
+    """The two phases from a freshly built model; returns ``(model, tokenizer)``."""
+    tokenizer = task.build_tokenizer()
+    model = task.build_model(seed=seed)
+    run_phase(model, tokenizer, make_traces.make(**make_traces.FORMAT), format_steps, lr=2e-3, decay=True,
+              seed=seed, eval_every=format_steps if eval_every else 0, name="format")
+    run_phase(model, tokenizer, make_traces.make(**make_traces.MIX), mix_steps, lr=5e-4, decay=False,
+              seed=seed + 1, eval_every=eval_every, name="mix")
     return model, tokenizer
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--traces", default=os.path.join(HERE, "traces.jsonl"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=DEFAULT_DIR)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--eval-every", type=int, default=0, help="print dev accuracy every N steps (choosing --steps)")
+    parser.add_argument("--format-steps", type=int, default=800)
+    parser.add_argument("--mix-steps", type=int, default=200)
+    parser.add_argument("--eval-every", type=int, default=0, help="print dev accuracy every N mix steps and after the format phase (choosing steps)")
     args = parser.parse_args()
-    with open(args.traces) as f:
-        traces = [json.loads(line) for line in f]
-    model, tokenizer = train(traces, args.steps, lr=args.lr, eval_every=args.eval_every)
+    torch.manual_seed(0)
+    model, tokenizer = train(args.format_steps, args.mix_steps, eval_every=args.eval_every)
     _, dev, test = task.split_pairs()
     for name, pairs in (("dev", dev), ("held-out test", test)):
-        r = evaluate.evaluate(model, tokenizer, pairs)
-        print(f"greedy after SFT, {name} ({len(pairs)} products): accuracy {r['accuracy']:.1%}, "
-              f"tool calls {r['tool_call_frequency']:.1%}")
+        for tools in (True, False):
+            r = evaluate.evaluate(model, tokenizer, pairs, tools=tools)
+            print(f"greedy after SFT, {name} ({len(pairs)} products), tools {'on ' if tools else 'off'}: "
+                  f"accuracy {r['accuracy']:.1%}, tool calls {r['tool_call_frequency']:.1%}")
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

@@ -1,26 +1,32 @@
-"""Write ``traces.jsonl``: SFT traces of the tool-call format for the warm start.
+"""The warm start's SFT traces of the tool-call format, in two sets.
 
-Each trace is one conversation (``{"messages": [...]}``) rendered with ``tools=[multiply]``:
-``TOOL_SHARE`` of them call the tool (user ``a*b=`` → assistant ``<tool_call>{"name": "multiply",
-"arguments": {"a": a, "b": b}}</tool_call>`` → tool ``a*b`` → assistant ``a*b``), the others answer
-directly (user → assistant ``a*b``), which a 2-layer model cannot learn to do right. So the warm
-start knows the format but uses the tool only some of the time: RL has room to raise the
-tool-call frequency and, with it, accuracy. The pairs are from ``task.split_pairs()``'s training
-side. ``python examples/tool_calculator/make_traces.py`` rewrites the file bit for bit.
+Each trace is one conversation (``{"messages": [...]}``) rendered with ``tools=[multiply]``: a tool
+trace calls the tool (user ``a*b=`` → assistant ``<tool_call>{"name": "multiply", "arguments":
+{"a": a, "b": b}}</tool_call>`` → tool ``a*b`` → assistant ``a*b``); a direct trace answers at once
+(user → assistant ``a*b``), which a 2-layer model cannot learn to do right.
 
-Args (command line): ``--n`` traces (400), ``--tool-share`` (0.5), ``--seed`` (0), ``--out``.
+- ``FORMAT``: 4,000 tool traces. Copying the factors into the call is what a tiny model learns
+  slowly; with a few hundred mixed traces it never did (docs/agents_example.md).
+- ``MIX``: 400 traces, half of them direct, on other products. A short second phase on them makes
+  the warm start call the tool on part of the prompts only, which leaves RL room to raise the
+  tool-call frequency and, with it, accuracy.
+
+The pairs come from ``task.split_pairs()``'s training side (never a dev or test product), and the
+sets are fixed by their seeds. ``python examples/tool_calculator/make_traces.py --out traces.jsonl``
+writes one set to look at (``--set format|mix``); the SFT script builds them in memory.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 
 import calculator as task
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TOOL_SHARE = 0.5
+FORMAT = dict(n=4000, tool_share=1.0, offset=0, seed=0)
+MIX = dict(n=400, tool_share=0.5, offset=4000, seed=1)
+SETS = {"format": FORMAT, "mix": MIX}
+RL_OFFSET = 5000  # RL prompts start after the traces' products
 
 
 def trace(a: int, b: int, use_tool: bool) -> dict:
@@ -38,20 +44,19 @@ def trace(a: int, b: int, use_tool: bool) -> dict:
     return {"messages": [user, call, {"role": "tool", "content": str(task.multiply(a, b))}, answer]}
 
 
-def make(n: int = 400, tool_share: float = TOOL_SHARE, seed: int = 0) -> list[dict]:
+def make(n: int, tool_share: float, offset: int, seed: int) -> list[dict]:
+    """``n`` traces on training pairs ``offset:offset+n``, each a tool trace with probability ``tool_share``."""
     train, _, _ = task.split_pairs()
     rng = random.Random(seed)
-    return [trace(a, b, rng.random() < tool_share) for a, b in train[:n]]
+    return [trace(a, b, rng.random() < tool_share) for a, b in train[offset:offset + n]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=400)
-    parser.add_argument("--tool-share", type=float, default=TOOL_SHARE)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=os.path.join(HERE, "traces.jsonl"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", choices=sorted(SETS), default="mix")
+    parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    traces = make(args.n, args.tool_share, args.seed)
+    traces = make(**SETS[args.set])
     with open(args.out, "w") as f:
         f.writelines(json.dumps(t) + "\n" for t in traces)
     used = sum(len(t["messages"]) > 2 for t in traces)

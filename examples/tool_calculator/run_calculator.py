@@ -1,6 +1,6 @@
 """GRPO with a calculator tool vs the same budget without it: 3-digit multiplication on 2 CPU cores.
 
-Both arms start from the shipped warm start (``warm_start/``: SFT on ``traces.jsonl``, which calls
+Both arms start from the shipped warm start (``warm_start/``, built by calculator_sft.py; it calls
 the ``multiply`` tool on part of the prompts only) and run the same GRPO budget (steps, prompts,
 group size, ``max_new_tokens``) on the training products; only ``tools=[multiply]`` differs.
 Held-out accuracy and tool-call frequency are measured before and after on the 200 test products
@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import greedy_eval as evaluate  # noqa: E402  (examples/tool_calculator/greedy_eval.py)
 import calculator as task  # noqa: E402
+import make_traces  # noqa: E402
 
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
 
@@ -35,11 +36,14 @@ def build(args: argparse.Namespace, tools: bool) -> tuple[RLModule, PromptDataMo
     train, _, _ = task.split_pairs()
     extra = dict(tools=[task.multiply], max_turns=args.max_turns) if tools else {}
     module = RLModule(
-        args.model, reward_funcs=[task.exact_answer], objective="grpo", group_size=args.group_size,
+        # The tokenizer is built, not loaded: transformers 5's AutoTokenizer gives a Qwen2 config the
+        # Qwen2 tokenizer's own pre-tokenizer, which would split the digit chunks and drop newlines.
+        args.model, tokenizer=task.build_tokenizer(), reward_funcs=[task.exact_answer], objective="grpo",
+        group_size=args.group_size,
         kl_coef=args.kl_coef, lr=args.lr, seed=args.seed,
         generation=dict(max_new_tokens=args.max_new_tokens, temperature=1.0, max_prompt_length=64), **extra,
     )
-    data = PromptDataModule(task.rows(train[1000:]), batch_size=args.prompts, seed=args.seed)
+    data = PromptDataModule(task.rows(train[make_traces.RL_OFFSET:]), batch_size=args.prompts, seed=args.seed)
     return module, data
 
 
@@ -47,7 +51,7 @@ def run_arm(args: argparse.Namespace, tools: bool) -> dict[str, float]:
     L.seed_everything(args.seed, verbose=False)
     module, data = build(args, tools)
     test = task.split_pairs()[2][:args.eval_n]
-    before = evaluate.evaluate(module.policy, module.tokenizer, test, tools=tools)
+    before = measure(module, test, tools)
     out = os.path.join(args.out, "tools" if tools else "no_tools")
     logger = CSVLogger(out, name="", version="")
     trainer = L.Trainer(max_steps=args.steps, logger=logger, log_every_n_steps=1, accelerator="cpu", devices=1,
@@ -56,10 +60,18 @@ def run_arm(args: argparse.Namespace, tools: bool) -> dict[str, float]:
     start = time.time()
     trainer.fit(module, datamodule=data)
     seconds = time.time() - start
-    after = evaluate.evaluate(module.policy, module.tokenizer, test, tools=tools)
-    return {"before": before["accuracy"], "after": after["accuracy"], "calls_before": before["tool_call_frequency"],
-            "calls_after": after["tool_call_frequency"], "seconds": seconds,
-            "metrics": os.path.join(logger.log_dir, "metrics.csv")}
+    after = measure(module, test, tools)
+    return {**{f"{k}_before": v for k, v in before.items()}, **{f"{k}_after": v for k, v in after.items()},
+            "before": before["accuracy"], "after": after["accuracy"], "calls_before": before["calls"],
+            "calls_after": after["calls"], "seconds": seconds, "metrics": os.path.join(logger.log_dir, "metrics.csv")}
+
+
+def measure(module: RLModule, test: list, tools: bool) -> dict[str, float]:
+    """Held-out accuracy and tool calls, greedy and sampled at temperature 1 (one episode per product)."""
+    greedy = evaluate.evaluate(module.policy, module.tokenizer, test, tools=tools)
+    sampled = evaluate.evaluate(module.policy, module.tokenizer, test, tools=tools, temperature=1.0)
+    return {"accuracy": greedy["accuracy"], "calls": greedy["tool_call_frequency"],
+            "sampled_accuracy": sampled["accuracy"], "sampled_calls": sampled["tool_call_frequency"]}
 
 
 def curve(path: str, key: str) -> tuple[list[float], list[float]]:
@@ -92,7 +104,7 @@ def plot(results: dict[str, dict], png: str) -> str:
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=os.path.join(HERE, "warm_start"))
-    parser.add_argument("--steps", type=int, default=60, help="optimizer steps (one rollout each), per arm")
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps (one rollout each), per arm")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96, help="model tokens per episode, all turns")
@@ -107,10 +119,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     results = {arm: run_arm(args, arm == "tools") for arm in args.arms.split(",")}
     png = plot(results, os.path.join(args.out, "comparison.png"))
     n = len(task.split_pairs()[2][:args.eval_n])
+    print(f"held-out products: {n}; before -> after {args.steps} GRPO steps")
+    print("| arm | accuracy, greedy | accuracy, sampled (T=1) | tool calls, greedy | tool calls, sampled | GRPO time |")
+    print("|---|---|---|---|---|---|")
     for arm, r in results.items():
-        print(f"{arm:9s} held-out accuracy (greedy, {n} products): before {r['before']:.1%}  after {r['after']:.1%}"
-              f"  | tool calls before {r['calls_before']:.1%}  after {r['calls_after']:.1%}"
-              f"  ({args.steps} GRPO steps in {r['seconds']:.0f} s)")
+        cells = [f"{r[k + '_before']:.1%} → {r[k + '_after']:.1%}" for k in ("accuracy", "sampled_accuracy", "calls",
+                                                                             "sampled_calls")]
+        print(f"| {arm} | " + " | ".join(cells) + f" | {r['seconds']:.0f} s |")
     print(f"plot: {png}")
     return results
 

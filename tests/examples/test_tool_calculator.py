@@ -1,6 +1,5 @@
 """The tool-calculator example: its traces, tokenizer and chat template, its reward, the warm
 start's labels, and a short run of both arms end to end."""
-import json
 import os
 import sys
 
@@ -18,33 +17,34 @@ import calculator_sft as warm_start  # noqa: E402
 SCHEMAS = [get_json_schema(task.multiply)]
 
 
-def shipped_traces() -> list[dict]:
-    with open(os.path.join(CALCULATOR, "traces.jsonl")) as f:
-        return [json.loads(line) for line in f]
+def factors(trace: dict) -> tuple[int, int]:
+    a, b = trace["messages"][0]["content"].rstrip("=").split("*")
+    return int(a), int(b)
 
 
-def test_shipped_traces_are_what_make_traces_writes_and_mix_tool_calls_with_direct_answers():
-    traces = shipped_traces()
-    assert traces == make_traces.make()
-    with_tool = [t for t in traces if len(t["messages"]) == 4]
-    assert 0.3 < len(with_tool) / len(traces) < 0.7
-    for t in traces:
-        a, b = map(int, t["messages"][0]["content"].rstrip("=").split("*"))
+def test_trace_sets_format_only_calls_mix_is_half_direct_and_no_held_out_product_is_traced():
+    fmt, mix = make_traces.make(**make_traces.FORMAT), make_traces.make(**make_traces.MIX)
+    assert len(fmt) == 4000 and all(len(t["messages"]) == 4 for t in fmt)
+    assert len(mix) == 400 and 0.4 < sum(len(t["messages"]) == 4 for t in mix) / len(mix) < 0.6
+    assert make_traces.make(**make_traces.MIX) == mix  # fixed by the seed
+    for t in fmt + mix:
+        a, b = factors(t)
         assert t["messages"][-1] == {"role": "assistant", "content": str(a * b)}
-    _, dev, test = task.split_pairs()
+    train, dev, test = task.split_pairs()
     held = {(min(a, b), max(a, b)) for a, b in dev + test}
-    asked = {tuple(sorted(map(int, t["messages"][0]["content"].rstrip("=").split("*")))) for t in traces}
-    assert not asked & held  # no held-out product (in either order) is in the traces
+    assert not {tuple(sorted(factors(t))) for t in fmt + mix} & held  # no held-out product, in either order
+    # the sets and the RL prompts use disjoint slices of the training pairs
+    assert [factors(t) for t in fmt + mix] == train[:4400] and make_traces.RL_OFFSET >= 4400
 
 
 def test_every_traced_tool_call_parses_to_the_prompts_factors():
     from lightning_rlpt.rollout.episodes.parsing import HermesToolParser, ToolCall
 
     parser = HermesToolParser()
-    for t in shipped_traces():
+    for t in make_traces.make(**make_traces.FORMAT)[:500] + make_traces.make(**make_traces.MIX):
         if len(t["messages"]) != 4:
             continue
-        a, b = map(int, t["messages"][0]["content"].rstrip("=").split("*"))
+        a, b = factors(t)
         parsed = parser.parse(t["messages"][1]["content"])
         assert parsed.errors == [] and parsed.calls == [ToolCall("multiply", {"a": a, "b": b})]
         assert t["messages"][2] == {"role": "tool", "content": str(a * b)}
@@ -59,7 +59,11 @@ def test_template_supports_tools_and_renders_the_traces_token_for_token():
                     '</tool_call><|im_end|><|im_start|>tool\n<tool_response>56088</tool_response><|im_end|>'
                     '<|im_start|>assistant\n56088<|im_end|>')
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    assert tok.decode(ids) == text and len(ids) == 147  # one token per character or marker
+    assert tok.decode(ids) == text and len(ids) == 133  # 147 characters and markers, less 2 per factor and 3 per product spelled
+    tokens = tok.convert_ids_to_tokens(ids)
+    assert tokens.count("123") == 2 and tokens.count("456") == 2  # each factor is one token, in prompt and call
+    assert tok.convert_ids_to_tokens(tok("56088 1000500 7", add_special_tokens=False)["input_ids"]) == \
+        ["560", "88", " ", "100", "050", "0", " ", "7"]  # chunks of three from the left, as Llama 3 splits numbers
     assert ids.count(task.EOS_ID) == 5 and "<tool_call>" in tok.decode(ids, skip_special_tokens=True)
     # structured tool_calls (TRL / OpenAI style) render as the same text the model writes
     structured = {"role": "assistant", "content": "",
@@ -138,3 +142,22 @@ def test_tool_arm_runs_end_to_end_with_episode_metrics(fresh_model_dir, tmp_path
         freq = [float(r["tools/call_frequency"]) for r in csv.DictReader(f) if r.get("tools/call_frequency")]
     assert len(freq) == 2 and all(0.0 <= x <= 1.0 for x in freq)
     assert os.path.getsize(tmp_path / "comparison.png") > 5_000
+
+
+def test_shipped_warm_start_calls_the_tool_with_the_prompts_factors():
+    """The warm start (calculator_sft.py) greedily calls the tool on every dev product and copies the
+    factors on about three quarters of them (the mix phase costs some copying; RL has that to win back),
+    read from the episode text (a regression anchor
+    for the tokenizer: loaded with the Qwen2 tokenizer class instead, the digits split and this fails)."""
+    import re
+
+    from transformers import Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM.from_pretrained(os.path.join(CALCULATOR, "warm_start"))
+    tok = task.build_tokenizer()
+    dev = task.split_pairs()[1][:40]
+    episodes = evaluate.greedy_episodes(model, tok, task.rows(dev))
+    args = [re.search(r'"a": (\d+), "b": (\d+)', e) for e in episodes]
+    assert all(args), "every greedy episode starts with a tool call"
+    copied = sum((int(m.group(1)), int(m.group(2))) == pair for m, pair in zip(args, dev))
+    assert copied >= 26, f"{copied}/40 calls carry the prompt's factors"  # 29 here; a split tokenizer: 0
