@@ -22,6 +22,17 @@ class EngineCallback(RLCallback):
         self._previous, self.engine = module.rollout_engine, engine
         module.rollout_engine = engine
 
+    def _refuse_turn_budget_override(self, module: L.LightningModule) -> None:
+        """A ``max_tokens`` override would replace every turn's token limit inside an episode, past the
+        episode's model-token budget and the context the loop cuts at: refuse it with episodes."""
+        max_tokens = getattr(self, "overrides", {}).get("max_tokens")
+        if max_tokens is not None and module.episodes:
+            raise ValueError(
+                f"{type(self).__name__}(max_tokens={max_tokens}) cannot be used with multi-turn episodes (tools, "
+                "environment or rollout_func): it would replace each turn's limit and bypass the episode's budget. "
+                f"Set RLModule(generation=dict(max_new_tokens={max_tokens})) instead: with episodes it counts the "
+                "model's tokens over all turns")
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.engine is not None:
             self.engine.phase = "training"

@@ -64,7 +64,7 @@ class VLLMRollout(EngineCallback):
         >>> trainer.fit(module, datamodule=data)  # doctest: +SKIP
     """
 
-    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version")
+    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version", "episodes")
 
     def __init__(self, *, gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, dtype: Any = None, enable_prefix_caching: bool | None = None,
@@ -103,6 +103,7 @@ class VLLMRollout(EngineCallback):
 
     def _check(self, module: L.LightningModule) -> None:
         check_module(self, module)
+        self._refuse_turn_budget_override(module)
         for param in module.policy.parameters():
             check_not_repacked(param)
         changes = module.sampling.distribution_changes()

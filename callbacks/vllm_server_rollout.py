@@ -115,6 +115,7 @@ class VLLMServerRollout(EngineCallback):
         if stage != "fit" and not (stage == "validate" and self.validate):
             return
         check_module(self, pl_module)
+        self._refuse_turn_budget_override(pl_module)
         if self.max_staleness and stage == "fit":
             refuse_async_with(trainer, pl_module, self.max_staleness)
         config = model_config(pl_module.policy)

@@ -37,3 +37,24 @@ def test_episodes_on_a_model_shorter_than_prompt_plus_completion(tool_model_dir,
     config.max_position_embeddings = 500
     with pytest.raises(ValueError, match=r"max_position_embeddings=500\) is shorter than max_prompt_length 600"):
         context_length(tools, None, None, config)
+
+
+@pytest.mark.parametrize("callback", ["VLLMRollout", "VLLMServerRollout"])
+def test_a_per_turn_max_tokens_override_is_refused_with_episodes_before_any_engine_starts(tool_model_dir, tool_script,
+                                                                                           callback):
+    """``max_tokens=`` would replace each turn's limit inside an episode (past its model-token budget):
+    refused at setup, naming the RLModule setting to use, before vLLM or a server is started; plain
+    rollouts keep the override."""
+    import lightning as L
+
+    from lightning_rlpt import callbacks
+
+    tools = module(tool_model_dir, tool_script[0], tools=[at.multiply])
+    kwargs = dict(launch=dict(num_servers=1)) if callback == "VLLMServerRollout" else {}
+    cb = getattr(callbacks, callback)(max_tokens=8, **kwargs)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match=rf"{callback}\(max_tokens=8\) cannot be used with multi-turn episodes.*"
+                                         r"RLModule\(generation=dict\(max_new_tokens=8\)\) instead"):
+        cb.setup(trainer, tools, "fit")
+    assert cb.engine is None and tools.rollout_engine is None  # nothing was started or installed
+    cb._refuse_turn_budget_override(module(tool_model_dir, tool_script[0]))  # plain rollouts: allowed
