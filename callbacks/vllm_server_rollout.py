@@ -256,6 +256,10 @@ def check_staleness(max_staleness: Any, sync_every: int) -> None:
 
 def refuse_async_with(trainer: L.Trainer, module: L.LightningModule, max_staleness: int) -> None:
     """What cannot run ahead of training, refused before any server starts."""
+    if trainer.world_size > 1:  # each rank would run its own pipeline; never run, so refused rather than guessed
+        raise ValueError(f"max_staleness={max_staleness} with {trainer.world_size} trainer processes is not supported "
+                         "yet: each rank would generate ahead on its own and their syncs are untested. Use one trainer "
+                         "process (devices=1) with max_staleness, or max_staleness=0 under DDP")
     if module.episodes:
         raise ValueError(f"max_staleness={max_staleness} cannot run multi-turn episodes (tools, environment or "
                          "rollout_func): each turn's prompt depends on the previous turn's tool results. Use "

@@ -60,6 +60,17 @@ def test_episodes_and_curricula_are_refused_before_any_server_is_contacted(warm_
                       ).fit(make_module(warm_start_dir), datamodule=data)
 
 
+def test_several_trainer_processes_are_refused_before_any_server_is_contacted(warm_start_dir):
+    import lightning as L
+
+    from lightning_rlpt.callbacks.vllm_server_rollout import refuse_async_with
+
+    ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match=r"max_staleness=1 with 2 trainer processes is not supported yet.*"
+                                         r"Use one trainer process \(devices=1\) with max_staleness, or max_staleness=0"):
+        refuse_async_with(ddp, make_module(warm_start_dir), 1)
+
+
 def test_lookahead_yields_the_loaders_batches_across_epochs(arithmetic_rows):
     data = PromptDataModule(arithmetic_rows[:10], batch_size=4, seed=3)  # 3 batches an epoch, the last short
     data.setup("fit")
