@@ -55,6 +55,29 @@ def has_active_dropout(model: nn.Module) -> bool:
                for m in model.modules())
 
 
+TOKENIZER_PROBE = "user\n123*4567 = 5,600,088\tHello, World!  Two  spaces.\n"
+
+
+def warn_if_not_the_file(tokenizer: Any, path: str) -> None:
+    """Warn when a local directory's ``tokenizer.json`` tokenizes a probe differently from what
+    ``AutoTokenizer`` loaded. transformers 5 picks the tokenizer class from ``config.json``'s model
+    type, and that class may apply its own pre-tokenizer: a custom tokenizer saved beside a
+    ``qwen2`` config (digits in chunks, say) then loads as Qwen2's, splits text differently, and
+    the model sees prompts it was never trained on — with no error anywhere."""
+    file = os.path.join(path, "tokenizer.json") if path and os.path.isdir(path) else None
+    if file is None or not os.path.isfile(file):
+        return
+    from tokenizers import Tokenizer
+
+    expected = Tokenizer.from_file(file).encode(TOKENIZER_PROBE, add_special_tokens=False).ids
+    if tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"] != expected:
+        warnings.warn(f"AutoTokenizer loaded {type(tokenizer).__name__} for {path}, which tokenizes text differently "
+                      f"from that directory's tokenizer.json (probe {TOKENIZER_PROBE!r}): the model would see other "
+                      "token ids than it was trained on. If the file is right, pass the tokenizer yourself: "
+                      "RLModule(..., tokenizer=PreTrainedTokenizerFast(tokenizer_file=<dir>/tokenizer.json, ...)) "
+                      "or the object you built", stacklevel=3)
+
+
 def load_tokenizer(model: str | nn.Module, tokenizer: Any | None):
     from transformers import AutoTokenizer
 
@@ -62,8 +85,10 @@ def load_tokenizer(model: str | nn.Module, tokenizer: Any | None):
         if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__"):
             raise ValueError("a model given as an nn.Module needs its tokenizer: RLModule(model, ..., tokenizer=tok)")
         tokenizer = AutoTokenizer.from_pretrained(str(model))
+        warn_if_not_the_file(tokenizer, str(model))
     elif isinstance(tokenizer, str):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        warn_if_not_the_file(tokenizer, tokenizer.name_or_path)
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token, so completions could never end; set tokenizer.eos_token")
     if tokenizer.pad_token_id is None:

@@ -123,3 +123,30 @@ def test_model_path_that_is_a_file(warm_start_dir):
     import os
     with pytest.raises(FileNotFoundError, match="is a file, not a model directory"):
         make(os.path.join(warm_start_dir, "config.json"))
+
+
+def test_a_tokenizer_that_auto_loading_would_change_is_warned_about():
+    """The calculator's warm start saves a custom tokenizer (digits in chunks of three) beside a qwen2
+    config; transformers 5's AutoTokenizer loads it as Qwen2Tokenizer, which splits the digits. RLModule
+    warns, naming the fix; a tokenizer passed in, or a directory that loads as saved, gives no warning."""
+    import os
+    import warnings
+
+    from conftest import ROOT
+    from transformers import AutoTokenizer
+
+    from lightning_rlpt.model.loading import warn_if_not_the_file
+
+    calculator = os.path.join(ROOT, "examples", "tool_calculator", "warm_start")
+    reward = [lambda completions, **_: [0.0] * len(completions)]
+    with pytest.warns(UserWarning, match=r"AutoTokenizer loaded Qwen2Tokenizer for .*warm_start, which tokenizes text "
+                                         r"differently from that directory's tokenizer.json.*pass the tokenizer yourself"):
+        RLModule(calculator, reward_funcs=reward)
+    sys.path.insert(0, os.path.dirname(calculator))
+    import calculator as calc  # examples/tool_calculator/calculator.py
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RLModule(calculator, reward_funcs=reward, tokenizer=calc.build_tokenizer())  # built: nothing to compare
+        arithmetic = os.path.join(ROOT, "examples", "arithmetic", "warm_start")
+        warn_if_not_the_file(AutoTokenizer.from_pretrained(arithmetic), arithmetic)  # loads as saved
