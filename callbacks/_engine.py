@@ -25,7 +25,7 @@ class EngineCallback(RLCallback):
     def _refuse_turn_budget_override(self, module: L.LightningModule) -> None:
         """A ``max_tokens`` override would replace every turn's token limit inside an episode, past the
         episode's model-token budget and the context the loop cuts at: refuse it with episodes."""
-        max_tokens = getattr(self, "overrides", {}).get("max_tokens")
+        max_tokens = self.overrides.get("max_tokens")
         if max_tokens is not None and module.episodes:
             raise ValueError(
                 f"{type(self).__name__}(max_tokens={max_tokens}) cannot be used with multi-turn episodes (tools, "

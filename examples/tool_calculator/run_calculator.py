@@ -62,8 +62,7 @@ def run_arm(args: argparse.Namespace, tools: bool) -> dict[str, float]:
     seconds = time.time() - start
     after = measure(module, test, tools)
     return {**{f"{k}_before": v for k, v in before.items()}, **{f"{k}_after": v for k, v in after.items()},
-            "before": before["accuracy"], "after": after["accuracy"], "calls_before": before["calls"],
-            "calls_after": after["calls"], "seconds": seconds, "metrics": os.path.join(logger.log_dir, "metrics.csv")}
+            "seconds": seconds, "metrics": os.path.join(logger.log_dir, "metrics.csv")}
 
 
 def measure(module: RLModule, test: list, tools: bool) -> dict[str, float]:
