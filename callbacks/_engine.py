@@ -17,10 +17,11 @@ class EngineCallback(RLCallback):
 
     engine: Any = None
     _previous: Any = None
+    _serving: Any = None  # what the module samples through: the engine, or a wrapper around it (a pipeline)
 
-    def _install(self, module: L.LightningModule, engine: Any) -> None:
-        self._previous, self.engine = module.rollout_engine, engine
-        module.rollout_engine = engine
+    def _install(self, module: L.LightningModule, engine: Any, serve: Any = None) -> None:
+        self._previous, self.engine, self._serving = module.rollout_engine, engine, serve or engine
+        module.rollout_engine = self._serving
 
     def _refuse_turn_budget_override(self, module: L.LightningModule) -> None:
         """A ``max_tokens`` override would replace every turn's token limit inside an episode, past the
@@ -45,10 +46,10 @@ class EngineCallback(RLCallback):
 
     def _release(self, module: L.LightningModule) -> None:
         if self.engine is not None:
-            if module.rollout_engine is self.engine:
+            if module.rollout_engine is self._serving:
                 module.rollout_engine = self._previous
             self._close(self.engine)
-            self.engine, self._previous = None, None
+            self.engine, self._previous, self._serving = None, None, None
         self._cleanup()
 
     def _close(self, engine: Any) -> None:

@@ -7,13 +7,13 @@ import tempfile
 from typing import Any
 
 import lightning as L
+import torch
 
 from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype
 from lightning_rlpt.model.weights import policy_weights
-from lightning_rlpt.rollout import RolloutEngine
 from lightning_rlpt.rollout.vllm.checks import check_head_dim, context_length, model_config
-from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, policy_dtype
+from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, vllm_dtype
 from lightning_rlpt.rollout.vllm.lora_transport import LORA_SYNC_MODES, adapter_transport, launch_lora_options
 from lightning_rlpt.rollout.vllm.pipeline import RolloutPipeline
 from lightning_rlpt.rollout.vllm.ranks import check_strategy, lead_then_share
@@ -56,7 +56,8 @@ class VLLMServerRollout(EngineCallback):
         control_timeout: seconds for control calls (version, reload, health).
         max_inflight: completion requests in flight at once over all servers.
         transport: a transport object (default: `SnapshotTransport` in a temporary directory,
-            `AdapterTransport` for a LoRA policy (see ``lora_sync``); `NCCLTransport` on GPUs).
+            `AdapterTransport` for a LoRA policy (see ``lora_sync``); pass ``NCCLTransport(...)`` for GPU
+            servers: it is never chosen automatically).
         lora_sync: a LoRA policy's sync: ``"auto"`` (default) loads its adapter on the servers
             (``/v1/load_lora_adapter``; ``launch=`` adds ``--enable-lora``) when vLLM can serve it
             and sends merged weights otherwise (QLoRA, DoRA, ``modules_to_save``: see
@@ -106,8 +107,6 @@ class VLLMServerRollout(EngineCallback):
         self.transport, self.parity_atol = transport, parity_atol
         self.overrides = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k,
                                                  max_tokens=max_tokens, stop=stop).items() if v is not None}
-        self.engine: RemoteVLLMEngine | None = None
-        self._previous: RolloutEngine | None = None
         self._export_dir: str | None = None
 
     # ---------------------------------------------------------------- start-up
@@ -123,44 +122,40 @@ class VLLMServerRollout(EngineCallback):
         needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config,
                                 minimum=not self.launch)
         check_strategy(trainer.strategy, trainer.world_size)
-        self._transport = self.transport or adapter_transport(pl_module.policy, self.lora_sync)
+        transport = self.transport or adapter_transport(pl_module.policy, self.lora_sync)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
         servers: list[VLLMServer] = []  # under DDP rank 0 launches them and shares the URLs (rollout.vllm.ranks)
 
         def launch() -> list[str]:
-            servers.extend(self._launch(trainer, pl_module, needed))
+            servers.extend(self._launch(trainer, pl_module, needed, config, tied, transport))
             return [s.url for s in servers]
 
         urls = lead_then_share(launch, "launching the vLLM servers") if self.launch else list(self.urls)
         try:
             engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
-                                           transport=self._transport, sync_every=self.sync_every,
-                                           overrides=self.overrides,
-                                           tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+                                           transport=transport, sync_every=self.sync_every,
+                                           overrides=self.overrides, tie_word_embeddings=tied,
                                            **self.pool_kwargs)
         except BaseException:
             for server in servers:
                 server.stop()
             raise
-        self._install(pl_module, engine)
-        self.engine.check_model(pl_module.policy, pl_module.tokenizer, needed)  # before any weight is sent
         if self.max_staleness and stage == "fit":  # the module samples through the pipeline; the callback drives `engine`
+            # (a checkpoint's state arrives later, in load_state_dict: Lightning restores callbacks after setup)
             self.pipeline = RolloutPipeline(engine, self.max_staleness, seed=self.async_seed)
-            if self._pipeline_state is not None:
-                self.pipeline.load_state_dict(self._pipeline_state)
-            pl_module.rollout_engine = self.pipeline
+        self._install(pl_module, engine, serve=self.pipeline)  # installed first, so a failed check still closes it
+        engine.check_model(pl_module.policy, pl_module.tokenizer, needed)  # before any weight is sent
 
-    def _launch(self, trainer: L.Trainer, module: L.LightningModule, needed: int) -> list[VLLMServer]:
-        config = model_config(module.policy)
-        check_head_dim(config, on_gpu=_cuda())
-        dtype = self.launch.get("dtype") or precision_dtype(trainer.precision) or policy_dtype(module.policy)
-        dtype = getattr(__import__("torch"), dtype) if isinstance(dtype, str) else dtype
+    def _launch(self, trainer: L.Trainer, module: L.LightningModule, needed: int, config: Any, tied: bool,
+                transport: Any) -> list[VLLMServer]:
+        check_head_dim(config, on_gpu=torch.cuda.is_available())
+        dtype = vllm_dtype(self.launch.get("dtype") or precision_dtype(trainer.precision), module.policy)
         self._export_dir = export_model_dir(config, module.tokenizer, dtype, tempfile.mkdtemp(prefix="rlpt-serve-"))
         log_dir = self.launch.get("log_dir") or os.path.join(trainer.log_dir or trainer.default_root_dir, "vllm")
         # The current weights go in as the checkpoint (vLLM cannot reload in place into a dummy-loaded model);
         # with adapters on the servers, the base alone (and the flags and environment LoRA serving needs).
-        lora_args, lora_env, weights = launch_lora_options(module.policy, self._transport)
-        write_snapshot(self._export_dir, weights, dtype=dtype,
-                       tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)))
+        lora_args, lora_env, weights = launch_lora_options(module.policy, transport)
+        write_snapshot(self._export_dir, weights, dtype=dtype, tie_word_embeddings=tied)
         extra = lora_args + list(self.launch.get("extra_args", []))
         kv = self.launch.get("kv_cache_memory_bytes") or kv_cache_bytes(config, dtype, needed)
         return VLLMServer.launch_many(
@@ -231,13 +226,11 @@ class VLLMServerRollout(EngineCallback):
             self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
 
     # ---------------------------------------------------------------- shutdown (EngineCallback releases)
-    def _release(self, module: L.LightningModule) -> None:
-        if self.pipeline is not None:
+    def _close(self, engine: RemoteVLLMEngine) -> None:
+        if self.pipeline is not None:  # its worker stops before the servers do
             self.pipeline.close()
-            if module.rollout_engine is self.pipeline:
-                module.rollout_engine = self.engine  # so the base puts the previous engine back
             self.pipeline = None
-        super()._release(module)
+        engine.close()
 
     def _cleanup(self) -> None:  # the engine's close() stops the servers it launched, by pid
         if self._export_dir:
@@ -272,8 +265,3 @@ def refuse_async_with(trainer: L.Trainer, module: L.LightningModule, max_stalene
                          f"{max_staleness} step(s) ahead would come from stale weights (and refills cannot be "
                          "generated ahead). Use max_staleness=0 with a curriculum")
 
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

@@ -91,7 +91,7 @@ def context_length(module: Any, max_model_len: int | None, max_tokens: int | Non
     prompt = module.sampling.max_prompt_length
     completion = max(module.sampling.max_new_tokens, module.val_sampling.max_new_tokens, max_tokens or 0)
     positions = getattr(config, "max_position_embeddings", None)
-    episodes = not minimum and max_model_len is None and getattr(getattr(module, "agent", None), "active", False)
+    episodes = not minimum and max_model_len is None and getattr(module, "episodes", False)
     if prompt is None or (episodes and positions is not None):
         if max_model_len is None and positions is None:
             raise ValueError("set max_model_len (or the generation's max_prompt_length): the model config has no "

@@ -56,6 +56,12 @@ def policy_dtype(policy: nn.Module) -> torch.dtype:
     return next((p.dtype for p in policy.parameters() if p.is_floating_point()), torch.float32)
 
 
+def vllm_dtype(given: Any, policy: nn.Module) -> torch.dtype:
+    """vLLM's dtype: the one given (a ``torch.dtype`` or its name), else the policy's."""
+    dtype = given or policy_dtype(policy)
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
 def export_model_dir(config: Any, tokenizer: Any, dtype: torch.dtype, path: str) -> str:
     """config.json + tokenizer files for vLLM; the weights arrive by `VLLMEngine.load_weights`.
     ``quantization_config`` is dropped: vLLM receives dense (dequantised) weights."""
@@ -189,8 +195,7 @@ class VLLMEngine(RolloutEngine):
         check_head_dim(config, on_gpu)
         check_tensor_parallel(tensor_parallel_size, on_gpu)
         length = context_length(module, max_model_len, (overrides or {}).get("max_tokens"), config)
-        dtype = dtype or policy_dtype(module.policy)
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        dtype = vllm_dtype(dtype, module.policy)
         if kv_cache_memory_bytes is None and not on_gpu:
             kv_cache_memory_bytes = kv_cache_bytes(config, dtype, length)
         tmp = export_model_dir(config, module.tokenizer, dtype, tempfile.mkdtemp(prefix="rlpt-vllm-"))
