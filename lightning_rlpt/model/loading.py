@@ -84,11 +84,11 @@ def load_tokenizer(model: str | nn.Module, tokenizer: Any | None):
     if tokenizer is None:
         if not isinstance(model, (str, bytes)) and not hasattr(model, "__fspath__"):
             raise ValueError("a model given as an nn.Module needs its tokenizer: RLModule(model, ..., tokenizer=tok)")
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
-        warn_if_not_the_file(tokenizer, str(model))
-    elif isinstance(tokenizer, str):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        warn_if_not_the_file(tokenizer, tokenizer.name_or_path)
+        tokenizer = str(model)
+    if isinstance(tokenizer, str):  # a path or hub id: loaded here, and checked against its own tokenizer.json
+        path = tokenizer
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        warn_if_not_the_file(tokenizer, path)
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token, so completions could never end; set tokenizer.eos_token")
     if tokenizer.pad_token_id is None:

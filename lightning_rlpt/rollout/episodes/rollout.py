@@ -35,13 +35,7 @@ def rollout_episodes(agent: Agent, engine: RolloutEngine, tokenizer: Any, batch:
         seeds = [(seeds * 1_000_003 + 104_729 * (j // group_size)) % 2**62 for j in range(len(rows))]
     episodes = agent.run(engine, tokenizer, prompt_ids, prompts, sampling, seeds, envs, max_context)
     out = as_rollout_output(episodes)
-    exp = to_experience(out, prompt_ids, tokenizer, batch, group_size, sampling, device)
-    exp.completions = tokenizer.batch_decode(
-        [_drop_final_eos(e.completion_ids, tokenizer.eos_token_id) for e in episodes], skip_special_tokens=True)
+    exp = to_experience(out, prompt_ids, tokenizer, batch, group_size, sampling, device)  # decodes whole episodes
     exp.columns.update(episode_columns(episodes))
     exp.info.update({k: v.to(device) for k, v in episode_info(episodes).items()})
     return exp, cut
-
-
-def _drop_final_eos(ids: list[int], eos: int) -> list[int]:
-    return ids[:-1] if ids and ids[-1] == eos else ids
