@@ -157,7 +157,6 @@ class RewardFunctions:
             one = {k: v[i:i + 1] if isinstance(v, (list, torch.Tensor)) else v for k, v in kwargs.items()}
             try:
                 out = self._call(fn, dict(prompts=prompts[i:i + 1], completions=completions[i:i + 1], **one))
-                values.append(float(self._check(name, out, 1)[0]))
             except Exception as err:
                 if self.on_error == "raise":
                     raise RewardError(
@@ -167,6 +166,9 @@ class RewardFunctions:
                     ) from err
                 values.append(0.0)
                 failed += 1
+                continue
+            # Outside the try: an unusable return is the function's bug, never a sample scored 0.
+            values.append(float(self._check(name, out, 1, first=i)[0]))
         if failed == 0:  # fails on the batch but not on single samples: report the batch error
             raise RewardError(f"reward function {name!r} raised {type(batch_err).__name__}: {batch_err} "
                               f"on a batch of {len(completions)} completions") from batch_err
@@ -174,22 +176,18 @@ class RewardFunctions:
 
     # ---------------------------------------------------------------- checks
     @staticmethod
-    def _check(name: str, values: Any, n: int) -> torch.Tensor:
-        """One float per completion, NaN for None; anything else unusable is a `RewardError`."""
-        try:
-            items = list(values) if not isinstance(values, (str, bytes)) else [values]
-            if any(isinstance(v, (str, bytes)) for v in items):
-                raise TypeError("strings are not rewards")
-            floats = [None if v is None else float(v) for v in items]
-        except (TypeError, ValueError) as err:
-            raise RewardError(f"reward function {name!r} must return a list of numbers (None where it does not "
-                              f"apply), got {values!r:.200}") from err
-        if len(floats) != n:
-            raise RewardError(f"reward function {name!r} returned {len(floats)} values for {n} completions; "
+    def _check(name: str, values: Any, n: int, first: int = 0) -> torch.Tensor:
+        """One float per completion, NaN for None; anything else unusable is a `RewardError`, raised
+        once for the call whatever ``on_error`` says (it is the function's bug, not a sample's).
+        ``first``: the batch index of ``values[0]`` (a call retried sample by sample), for messages."""
+        items = _as_sequence(name, values)
+        if len(items) != n:
+            raise RewardError(f"reward function {name!r} returned {len(items)} values for {n} completions; "
                               f"return exactly one float per completion")
-        bad = [i for i, v in enumerate(floats) if v is not None and not math.isfinite(v)]
+        floats = [_as_float(name, first + i, v) for i, v in enumerate(items)]
+        bad = [first + i for i, v in enumerate(floats) if v is not None and not math.isfinite(v)]
         if bad:
-            raise RewardError(f"reward function {name!r} returned a non-finite value ({floats[bad[0]]}) for sample "
+            raise RewardError(f"reward function {name!r} returned a non-finite value ({floats[bad[0] - first]}) for sample "
                               f"{bad[0]} ({len(bad)} such samples); return finite floats (e.g. 0.0 for a failure), "
                               "or None where the reward does not apply to a sample")
         return torch.tensor([math.nan if v is None else v for v in floats], dtype=torch.float32)
@@ -205,6 +203,49 @@ class RewardFunctions:
                 "function score every kind of sample (a fallback reward), or leave such prompts out of the dataset")
 
 
+def _as_sequence(name: str, values: Any) -> list[Any]:
+    """The returned values as a list, if they are an ordered sequence (a list, a tuple, a 1-d
+    tensor or array). A dict would give its keys and a set its own order, and a generator cannot
+    be counted before it is consumed: all are refused rather than read."""
+    ordered = isinstance(values, Sequence) and not isinstance(values, (str, bytes))
+    array = getattr(values, "ndim", None) == 1 and hasattr(values, "tolist")  # torch.Tensor, numpy.ndarray
+    if not (ordered or array):
+        what = {dict: "a dict (its keys would become the scores)", set: "a set (whose order is not the completions')",
+                frozenset: "a set (whose order is not the completions')"}.get(type(values), _kind(values))
+        raise RewardError(f"reward function {name!r} must return a list of numbers (None where it does not apply), "
+                          f"one per completion in order; it returned {what}: {_short(values, 200)}. Return a list, e.g. "
+                          "[float(v) for v in scores]")
+    return values.tolist() if array else list(values)
+
+
+def _as_float(name: str, i: int, value: Any) -> float | None:
+    """``value`` as a float (None stays None); a string, a non-number or a number too large for a
+    float (``10**400``: ``float()`` raises OverflowError) is a `RewardError` naming the sample."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError("strings are not rewards")
+        return float(value)
+    except OverflowError as err:
+        size = int(value.bit_length() * math.log10(2)) + 1 if isinstance(value, int) else None
+        digits = f" (an integer of about {size} digits)" if size else ""
+        raise RewardError(f"reward function {name!r} returned a number too large for a float{digits} for sample {i}; "
+                          "return finite floats (clip or rescale the score)") from err
+    except (TypeError, ValueError) as err:
+        raise RewardError(f"reward function {name!r} must return a list of numbers (None where it does not apply), "
+                          f"got {_kind(value)} {_short(value)} for sample {i}") from err
+
+
+def _kind(value: Any) -> str:
+    """``a generator``, ``a str``...: the type named for an error message."""
+    article = "an" if type(value).__name__[:1].lower() in "aeiou" else "a"
+    return f"{article} {type(value).__name__}"
+
+
 def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300-digit str limit, or inside a container
+        return f"<{type(value).__name__} too large to print>"
     return text if len(text) <= limit else text[:limit] + "...'"

@@ -64,6 +64,51 @@ def test_not_numbers():
         RewardFunctions([lambda prompts, completions, **_: ["a", "b", "c"]])(PROMPTS, COMPLETIONS, COLUMNS)
 
 
+
+def counted(value):
+    """A reward function returning ``value`` (made fresh per call) and counting its calls."""
+    def fn(prompts, completions, **_):
+        fn.calls += 1
+        return value() if callable(value) else value
+
+    fn.calls = 0
+    return fn
+
+
+@pytest.mark.parametrize("on_error", ["raise", "zero"])
+@pytest.mark.parametrize("value, what", [
+    ({"2": 1.0, "5": 0.0, "6": 1.0}, r"a dict \(its keys would become the scores\)"),  # keys would be the scores
+    ({3.0, 1.0, 2.0}, r"a set \(whose order is not the completions'\)"),  # reordered
+    (lambda: (x for x in [1.0, 0.0, 1.0]), "a generator"),
+    (1.0, "a float"),
+])
+def test_unordered_or_non_sequence_returns_are_refused(value, what, on_error):
+    fn = counted(value)
+    with pytest.raises(RewardError, match=rf"'fn' must return a list of numbers .* it returned {what}.*Return a list"):
+        RewardFunctions([fn], on_error=on_error)(PROMPTS, COMPLETIONS, COLUMNS)
+    assert fn.calls == 1  # refused once for the batch, not retried sample by sample
+
+
+@pytest.mark.parametrize("on_error", ["raise", "zero"])  # a bug in the function: never a sample scored 0
+@pytest.mark.parametrize("huge", [10**400, 10**5000], ids=["1e400", "1e5000"])  # 10**5000 is past Python's int-to-str limit too
+def test_a_number_too_large_for_a_float_is_one_reward_error(huge, on_error):
+    fn = counted([1.0, huge, 0.0])
+    with pytest.raises(RewardError, match=r"'fn' returned a number too large for a float \(an integer of about "
+                                          r"\d+ digits\) for sample 1; return finite floats"):
+        RewardFunctions([fn], on_error=on_error)(PROMPTS, COMPLETIONS, COLUMNS)
+    assert fn.calls == 1
+
+
+def test_unusable_value_on_a_retried_sample_is_not_scored_zero():
+    def fn(prompts, completions, **_):  # raises on the batch; alone, sample 2 returns NaN
+        if len(completions) > 1:
+            raise ValueError("batch")
+        return [math.nan if completions[0] == "6" else 1.0]
+
+    with pytest.raises(RewardError, match="non-finite value .* for sample 2"):
+        RewardFunctions([fn], on_error="zero")(PROMPTS, COMPLETIONS, COLUMNS)
+
+
 def test_construction_errors():
     with pytest.raises(ValueError, match="reward_funcs is empty"):
         RewardFunctions([])
