@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..numerics import MAX_LOG_RATIO, clamp_log_ratio
+from ..numerics import clamp_log_ratio
 from .base import POLICY_LOSSES, Stats, per_token
 from .ppo import ppo_clip_loss
 
@@ -73,7 +73,9 @@ def ctpo_loss(
     """CTPO: cumulative token ratio with position-adaptive log-space clipping.
 
     Zhang et al., "Rethinking Importance Sampling in LLM Policy Optimization: A Cumulative Token
-    Perspective", arXiv 2605.07331 (code: horizon-llm/CTPO). Per token (t 1-indexed)::
+    Perspective", arXiv 2605.07331 (code: horizon-llm/CTPO). Per token, with t the token's
+    position among its row's *model* tokens (1 for the first token with mask 1; tool or
+    environment tokens, mask 0, are not steps of the walk and add nothing to the sum)::
 
         log r_t = sg(min(Σ_{s≤t} log(π/π_old)_s, max_log_ratio)) + logπ_t - sg(logπ_t)
         loss_t  = max(-A r_t, -A exp(clip(log r_t, -clip_low·t^p, clip_high·t^p)))
@@ -90,7 +92,8 @@ def ctpo_loss(
     adv = per_token(advantages, logprobs)
     cum = detached_log_ratio(logprobs, old_logprobs, mask).cumsum(-1).clamp(max=max_log_ratio)
     log_r = cum + logprobs - logprobs.detach()
-    t = torch.arange(1, logprobs.shape[-1] + 1, dtype=logprobs.dtype, device=logprobs.device).pow(power)
+    # t counts model tokens only: a tool's or environment's tokens (mask 0) add no step to the walk.
+    t = mask.cumsum(-1).clamp(min=1).pow(power)
     lo, hi = -clip_low * t, clip_high * t
     loss = torch.maximum(-adv * log_r.exp(), -adv * torch.clamp(log_r, lo, hi).exp())
     cap = -adv * torch.exp((clip_high if dual_clip_coef is None else dual_clip_coef) * t)
@@ -120,8 +123,10 @@ def minpro_loss(
     Lei, Cheng & Tao, "A Step Back: Prefix Importance Ratio Stabilizes Policy Optimization",
     arXiv 2601.22718. The exact off-policy correction of token t is the prefix product
     ``Π_{i<t} ρ_i`` times the token's own ``ρ_t``; MinPRO swaps the unstable product for the
-    detached ``w_t = sg(min_{i<t} ρ_i)`` (``w_1 = 1``: the empty prefix) and keeps the
-    token-level PPO clip on ``ρ_t``: ``loss_t = w_t · ppo_clip_t``.
+    detached ``w_t = sg(min_{i<t} ρ_i)`` and keeps the token-level PPO clip on ``ρ_t``:
+    ``loss_t = w_t · ppo_clip_t``. The prefix holds the row's earlier *model* tokens only
+    (mask 1): tool or environment tokens are never in it, and a token with no model token
+    before it (the first one, even after masked tokens) has the empty prefix, ``w_t = 1``.
 
     Open choice (the paper's text available to us does not settle it): whether the minimum
     includes token t itself. Default ``include_current=False`` (the *preceding* prefix, which
@@ -131,10 +136,12 @@ def minpro_loss(
     """
     real = mask > 0
     d = clamp_log_ratio(logprobs.detach() - old_logprobs.detach())
-    prefix = d.masked_fill(~real, float("inf")).cummin(-1).values  # padding is never the minimum
+    prefix = d.masked_fill(~real, float("inf")).cummin(-1).values  # masked tokens are never the minimum
     if not include_current:
-        prefix = torch.cat([torch.zeros_like(prefix[:, :1]), prefix[:, :-1]], dim=-1)
-    weight = torch.where(real, prefix.clamp(max=MAX_LOG_RATIO).exp(), torch.ones_like(prefix))
+        prefix = torch.cat([torch.full_like(prefix[:, :1], float("inf")), prefix[:, :-1]], dim=-1)
+    # +inf is the minimum of an empty prefix (no model token before): its weight is 1, not e^20.
+    prefix = torch.where(torch.isinf(prefix), torch.zeros_like(prefix), prefix)
+    weight = torch.where(real, prefix.exp(), torch.ones_like(prefix))
     loss, stats = ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_low=clip_low,
                                 clip_high=clip_high, dual_clip=dual_clip)
     stats["minpro/prefix_weight"] = weight
