@@ -8,20 +8,24 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .checks import check_prompts, check_same_columns, json_row_keys, read_utf8
 from .samplers import EpochSampler
 
 DataSource = Any  # path (.jsonl/.json/.parquet/.csv or a saved datasets dir), datasets.Dataset, list
 
 
 def load_rows(data: DataSource) -> list[dict[str, Any]]:
-    """Rows as dicts from any supported source."""
+    """Rows as dicts from any supported source; rows whose columns differ from the others' are
+    refused (`checks.check_same_columns`), naming the file and line."""
     if isinstance(data, (str, os.PathLike)):
         return _load_path(str(data))
     if hasattr(data, "to_list") and hasattr(data, "column_names"):  # datasets.Dataset
         return data.to_list()
     _reject_dataset_dict(data, "")
     if isinstance(data, Sequence):
-        return [r if isinstance(r, dict) else {"prompt": r} for r in data]
+        rows = [r if isinstance(r, dict) else {"prompt": r} for r in data]
+        check_same_columns([list(r) for r in rows], "the list of prompt rows")
+        return rows
     raise TypeError(f"unsupported data {type(data).__name__}: pass a file path, a datasets.Dataset or a list")
 
 
@@ -42,7 +46,17 @@ def _load_path(path: str) -> list[dict[str, Any]]:
     ext = os.path.splitext(path)[1]
     if ext not in kinds:
         raise ValueError(f"cannot read {path!r}: use .jsonl, .json, .parquet, .csv or a saved datasets directory")
+    if ext != ".parquet":  # text: check its encoding and (JSON) every row's keys before `datasets` hides both
+        text = read_utf8(path)
+        if kinds[ext] == "json":
+            keys, lines = json_row_keys(path, text)
+            check_same_columns(keys, repr(path), lines)
     return datasets.load_dataset(kinds[ext], data_files=path, split="train").to_list()
+
+
+def _named(what: str, data: DataSource) -> str:
+    """``what``, with the file it came from when it came from one (for error messages)."""
+    return f"{what} {str(data)!r}" if isinstance(data, (str, os.PathLike)) else what
 
 
 def _reject_dataset_dict(data: Any, path: str) -> None:
@@ -80,12 +94,14 @@ class PromptDataset(Dataset):
             raise ValueError(f"the {name} is empty: give at least one prompt")
         self.columns = dict(columns or {})
         self.prompt_column = _prompt_column(prompt_column, self.columns)
+        check_same_columns([list(r) for r in rows], f"the {name}")  # so row 0's columns are every row's
         available = list(rows[0])
         missing = [c for c in [self.prompt_column, *self.columns] if c not in available]
         if missing:
             raise ValueError(f"the {name} has no column(s) {missing}; its columns are {available}. "
                              "Set prompt_column= / columns= to names that exist")
         _check_output_names({c: self.columns.get(c, c) for c in available if c != self.prompt_column}, name)
+        check_prompts([r[self.prompt_column] for r in rows], self.prompt_column, f"the {name}")
         self.rows = rows
 
     def __len__(self) -> int:
@@ -201,13 +217,17 @@ class PromptDataModule(L.LightningDataModule):
             return
         rows = load_rows(self.data)
         val_rows = load_rows(self.val_data) if self.val_data is not None else []
+        train_name, val_name = _named("training dataset", self.data), _named("validation dataset", self.val_data)
         if self.val_data is None and self.val_fraction > 0:
+            # Check every row before the seeded split, so that an error numbers rows as the source does.
+            PromptDataset(rows, self.prompt_column, self.columns, train_name)
             order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.seed)).tolist()
             cut = max(1, int(len(rows) * self.val_fraction))
             val_rows, rows = [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
-        self.train_set = PromptDataset(rows, self.prompt_column, self.columns, "training dataset")
+            val_name = f"validation split of the {train_name}"
+        self.train_set = PromptDataset(rows, self.prompt_column, self.columns, train_name)
         if val_rows or self.val_data is not None:
-            self.val_set = PromptDataset(val_rows, self.prompt_column, self.columns, "validation dataset")
+            self.val_set = PromptDataset(val_rows, self.prompt_column, self.columns, val_name)
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
