@@ -9,6 +9,12 @@ the body::
 one entry per completion in every list (a batch of at most ``batch_size``), answered by
 ``200`` with ``{"rewards": [number or null, ...]}`` in the same order; ``null`` means "does not
 apply to this sample", as a Python reward's None.
+
+The service is outside the trainer's trust boundary, so what comes back is bounded before it is
+believed: redirects are refused unless asked for (and never carry the headers to another
+origin), the answer is read up to a size cap, and an answer Python cannot turn into floats (an
+integer like ``10**400``, JSON nested 100,000 deep) is a `RewardError` for the whole batch.
+`post_json` and `read_json` are that boundary, for any client of a JSON service.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import math
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Sequence
 
@@ -26,6 +33,20 @@ from .calling import RewardError, RewardUnavailable, in_thread
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)  # worth another try; any other non-200 is the request's fault
 STATE_FIELDS = ("global_step", "epoch", "max_steps", "num_train_epochs")
+REDIRECT_STATUS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+DEFAULT_MAX_RESPONSE_BYTES = 4 * 2**20  # ~150,000 rewards: room for a service that adds details
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Hand every 3xx back to the caller instead of following it: urllib would re-send a POST to
+    any host as a GET, with every header (``Authorization`` included), and believe the answer."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+        return None  # the 3xx then surfaces as an HTTPError, which `_request` reads
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 class HTTPReward:
@@ -49,8 +70,17 @@ class HTTPReward:
         batch_size: completions per request; None sends all in one.
         max_concurrency: requests in flight at once.
         columns: dataset columns to send; None sends every column (each must be JSON-serialisable).
-        headers: extra HTTP headers (e.g. ``{"Authorization": "Bearer ..."}``).
+        headers: extra HTTP headers (e.g. ``{"Authorization": "Bearer ..."}``). They are sent to
+            ``url``'s origin only: a followed redirect to another scheme, host or port drops all
+            of them (any may be a credential: ``Authorization``, ``X-Api-Key``, cookies).
         name: logged as ``rewards/<name>/...``.
+        follow_redirects: False (default): a 3xx answer is a `RewardError` naming the
+            ``Location`` (point ``url`` at the final address). True: follow at most 5 redirects
+            that keep the POST and its body (307, 308), without ``headers`` once the origin
+            changes and never from https to http; 301/302/303 stay refused, because they turn
+            the POST into a GET that no longer carries the batch.
+        max_response_bytes: the most bytes of an answer read (default 4 MiB, about 150,000
+            rewards); a longer one is a `RewardError`, never retried.
 
     Example:
         >>> reward = HTTPReward("http://127.0.0.1:8000/score", timeout=10, retries=2, batch_size=32)
@@ -59,7 +89,8 @@ class HTTPReward:
 
     def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 2, backoff: float = 0.5,
                  batch_size: int | None = None, max_concurrency: int = 8, columns: Sequence[str] | None = None,
-                 headers: dict[str, str] | None = None, name: str = "http"):
+                 headers: dict[str, str] | None = None, name: str = "http", follow_redirects: bool = False,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"HTTPReward url must start with http:// or https:// (got {url!r})")
         if not timeout > 0 or retries < 0 or backoff < 0:
@@ -68,10 +99,13 @@ class HTTPReward:
         if (batch_size is not None and batch_size < 1) or max_concurrency < 1:
             raise ValueError(f"HTTPReward needs batch_size >= 1 or None and max_concurrency >= 1 "
                              f"(got batch_size={batch_size}, max_concurrency={max_concurrency})")
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or max_response_bytes < 1:
+            raise ValueError(f"HTTPReward max_response_bytes must be an int >= 1 (got {max_response_bytes!r})")
         self.url, self.timeout, self.retries, self.backoff = url, float(timeout), int(retries), float(backoff)
         self.batch_size, self.max_concurrency = batch_size, max_concurrency
         self.columns = None if columns is None else list(columns)
         self.headers = dict(headers or {})
+        self.follow_redirects, self.max_response_bytes = bool(follow_redirects), max_response_bytes
         self.__name__ = name
 
     def __repr__(self) -> str:
@@ -127,7 +161,9 @@ class HTTPReward:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                status, text = self._send(body)
+                status, text = post_json(self.url, body, self.headers, timeout=self.timeout,
+                                         max_response_bytes=self.max_response_bytes,
+                                         follow_redirects=self.follow_redirects, who=f"HTTPReward {self.url}")
             except (urllib.error.URLError, http.client.HTTPException, socket.timeout, ConnectionError, OSError) as err:
                 reason = getattr(err, "reason", err)
                 last = f"{type(reason).__name__}: {reason}"
@@ -142,22 +178,9 @@ class HTTPReward:
                                 f"{self.timeout:g} s each); last: {last}. Check that it is running and reachable, or "
                                 "raise HTTPReward(timeout=..., retries=...)")
 
-    def _send(self, body: bytes) -> tuple[int, str]:
-        request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json", **self.headers})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return response.status, response.read().decode("utf-8", "replace")
-        except urllib.error.HTTPError as err:  # a non-2xx answer: read it, the caller decides
-            return err.code, err.read().decode("utf-8", "replace")
-
     # ---------------------------------------------------------------- response
     def _parse(self, text: str, count: int) -> list[float | None]:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise RewardError(f"HTTPReward {self.url} answered invalid JSON ({err}): {text[:300]!r}; "
-                              'it must answer {"rewards": [number or null, ...]}') from err
+        data = read_json(text, f"HTTPReward {self.url}", 'it must answer {"rewards": [number or null, ...]}')
         rewards = data.get("rewards") if isinstance(data, dict) else None
         if not isinstance(rewards, list):
             raise RewardError(f'HTTPReward {self.url} answered {text[:300]!r}, without a "rewards" list; '
@@ -166,10 +189,146 @@ class HTTPReward:
             raise RewardError(f"HTTPReward {self.url} returned {len(rewards)} rewards for {count} completions: "
                               f"{text[:300]!r}; the service must answer one reward per completion, in order")
         for i, v in enumerate(rewards):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                raise RewardError(f"HTTPReward {self.url} returned {v!r} for completion {i} of {count}: rewards must "
-                                  "be finite numbers, or null where the reward does not apply")
+            if v is not None and not _finite_number(v):
+                raise RewardError(f"HTTPReward {self.url} returned {_preview(v)} for completion {i} of {count}: "
+                                  "rewards must be finite numbers, or null where the reward does not apply "
+                                  "(a float holds at most about 1.8e308)")
         return [None if v is None else float(v) for v in rewards]
+
+
+# -------------------------------------------------------------------- the trust boundary
+def post_json(url: str, body: bytes, headers: dict[str, str], *, timeout: float,
+              max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES, follow_redirects: bool = False,
+              who: str | None = None) -> tuple[int, str]:
+    """POST ``body`` as JSON; the final ``(status, text)``, the text read up to ``max_response_bytes``.
+
+    A 3xx is a `RewardError` unless ``follow_redirects``; then only 307/308 (which keep the POST
+    and its body) are followed, at most ``MAX_REDIRECTS`` times, never from https to http, and
+    ``headers`` are dropped for good once the origin (scheme, host, port) changes. Network
+    errors (``URLError``, ``OSError``...) propagate for the caller to retry.
+
+    Args:
+        url: the endpoint.
+        body: the JSON request body.
+        headers: extra headers, sent to ``url``'s origin only.
+        timeout: seconds to connect and for each read.
+        max_response_bytes: an answer longer than this is a `RewardError` (read no further).
+        follow_redirects: see above.
+        who: how errors name the caller (default ``url``).
+
+    Example:
+        >>> post_json("http://127.0.0.1:8000/score", b"{}", {}, timeout=5)  # doctest: +SKIP
+        (200, '{"rewards": []}')
+    """
+    who = who or url
+    base = {"Content-Type": "application/json"}
+    target, extra = url, dict(headers)
+    for _ in range(MAX_REDIRECTS + 1):
+        status, text, location = _request(target, body, {**base, **extra}, timeout, max_response_bytes, who)
+        if status not in REDIRECT_STATUS:
+            return status, text
+        following = _redirect_target(target, status, location, follow_redirects, who)
+        if _origin(following) != _origin(target):
+            extra = {}  # another origin never sees the caller's headers, even if a later hop comes back
+        target = following
+    raise RewardError(f"{who} redirected more than {MAX_REDIRECTS} times (last to {target}); point the URL at the "
+                      "final address")
+
+
+def read_json(text: str, who: str, expected: str) -> Any:
+    """``json.loads(text)``, where every way the text can fail to parse is a `RewardError`
+    naming ``who``: invalid JSON, an integer over Python's digit limit, nesting past the
+    recursion limit (``json`` raises ValueError / RecursionError for those two).
+
+    Example:
+        >>> read_json('{"rewards": [1]}', "svc", "")
+        {'rewards': [1]}
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        problem = f"invalid JSON ({err})"
+    except ValueError as err:  # int(...) past sys.get_int_max_str_digits()
+        problem = f"a number Python refuses to read ({err})"
+    except RecursionError:
+        problem = "JSON nested too deeply to read (past Python's recursion limit)"
+    raise RewardError(f"{who} answered {problem}: {text[:300]!r}; {expected}") from None
+
+
+def _request(url: str, body: bytes, headers: dict[str, str], timeout: float, limit: int,
+             who: str) -> tuple[int, str, str | None]:
+    """One POST, no redirects followed: (status, text, Location header)."""
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            return response.status, _read_capped(response, limit, who), None
+    except urllib.error.HTTPError as err:  # a non-2xx answer (3xx included): the caller decides
+        with err:  # only quoted in messages, so its start is enough whatever its size
+            return err.code, _read_upto(err, min(limit, 2**16)).decode("utf-8", "replace"), err.headers.get("Location")
+
+
+def _read_capped(response: Any, limit: int, who: str) -> str:
+    data = _read_upto(response, limit + 1)  # one byte past the cap tells "too long" from "exactly the cap"
+    if len(data) > limit:
+        length = response.headers.get("Content-Length")
+        raise RewardError(f"{who} answered more than {limit} bytes"
+                          f"{f' (Content-Length {length})' if length else ''}; an answer is read up to "
+                          "max_response_bytes: fix the service, or raise max_response_bytes")
+    return data.decode("utf-8", "replace")
+
+
+def _read_upto(response: Any, n: int) -> bytes:
+    """At most ``n`` bytes, however the stream splits them (one ``read`` may return fewer)."""
+    chunks, size = [], 0
+    while size < n:
+        chunk = response.read(n - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _redirect_target(url: str, status: int, location: str | None, follow: bool, who: str) -> str:
+    """Where a redirect leads, or the `RewardError` refusing it."""
+    if not follow:
+        raise RewardError(f"{who} answered HTTP {status}, a redirect to {location!r}; redirects are not followed "
+                          "(one can send the batch and your headers to another host). Point the URL at the final "
+                          "address, or pass follow_redirects=True")
+    if status not in (307, 308):
+        raise RewardError(f"{who} answered HTTP {status}, a redirect to {location!r} that turns the POST into a GET "
+                          "without the batch; only 307/308 are followed. Point the URL at the final address")
+    target = urllib.parse.urljoin(url, location or "")
+    if not location or urllib.parse.urlsplit(target).scheme not in ("http", "https"):
+        raise RewardError(f"{who} answered HTTP {status} without a usable http(s) Location ({location!r})")
+    if urllib.parse.urlsplit(url).scheme == "https" and urllib.parse.urlsplit(target).scheme == "http":
+        raise RewardError(f"{who} redirected from https to {target}, which would send the batch unencrypted; "
+                          "refused")
+    return target
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # a malformed port: no origin matches it, so nothing is forwarded there
+        port = -1
+    return parts.scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+def _finite_number(value: Any) -> bool:
+    """A number a float holds finitely (``float(10**400)`` raises, so it is checked, not converted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def _encodable(value: Any) -> bool:
@@ -178,4 +337,3 @@ def _encodable(value: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
-

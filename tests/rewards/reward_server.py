@@ -10,7 +10,15 @@ POST paths (the body is `HTTPReward`'s JSON):
     /not_numbers   strings
     /bad_json      a body that is not JSON
     /refuse        HTTP 400
-GET /log: every POST received so far, as [{"path", "n", "keys", "trainer_state", "rewards"}].
+    /redirect/<status>/<port>/<path>   answers <status> with Location http://127.0.0.1:<port>/<path>
+    /huge_int      every reward 10**400 (valid JSON; no float holds it)
+    /long_int      a 5,000-digit reward (past Python's 4,300-digit limit for reading an int)
+    /deep          {"rewards": [[[...]]]} nested 100,000 deep
+    /oversize      as /length plus a 5,000,000-character "debug" field (over the default 4 MiB cap)
+    /endless       announces 10**12 bytes and sends spaces until the client hangs up
+GET /log: every request received so far, as [{"path", "method", "headers", "n", "keys", "trainer_state",
+"rewards"}]. Any other GET is logged and answered {"rewards": [100.0] * n} (n from ``?n=``): the
+answer of a host that a redirect sent a request to.
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOG: list[dict] = []
@@ -49,17 +58,36 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
+        if self.path == "/log":
+            with LOCK:
+                return self._answer(200, LOG)
+        n = int(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("n", ["1"])[0])
         with LOCK:
-            self._answer(200, LOG)
+            LOG.append({"path": self.path, "method": "GET", "headers": self._headers(), "n": n, "rewards": [100.0] * n})
+        self._answer(200, {"rewards": [100.0] * n})
+
+    def _headers(self) -> dict:
+        return {k.lower(): v for k, v in self.headers.items()}
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         n = len(body["completions"])
         with LOCK:
             count = sum(1 for e in LOG if e["path"] == self.path)
-            entry = {"path": self.path, "n": n, "keys": sorted(body), "trainer_state": body.get("trainer_state"),
-                     "completions": body["completions"], "rewards": None}
+            entry = {"path": self.path, "method": "POST", "headers": self._headers(), "n": n, "keys": sorted(body),
+                     "trainer_state": body.get("trainer_state"), "completions": body["completions"], "rewards": None}
             LOG.append(entry)
+        if self.path.startswith("/redirect/"):
+            _, _, status, port, path = self.path.split("/", 4)
+            return self._redirect(int(status), f"http://127.0.0.1:{port}/{path}")
+        if self.path == "/huge_int":
+            return self._answer(200, {"rewards": [10**400] * n})
+        if self.path == "/long_int":
+            return self._answer(200, b'{"rewards": [' + b"9" * 5000 + b"]}")
+        if self.path == "/endless":
+            return self._endless()
+        if self.path == "/deep":
+            return self._answer(200, b'{"rewards": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
         if self.path == "/slow":
             time.sleep(3)
         if self.path == "/flaky" and count < 2:
@@ -74,7 +102,23 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/not_numbers":
             rewards = ["high"] * n
         entry["rewards"] = rewards
-        self._answer(200, {"rewards": rewards})
+        self._answer(200, {"rewards": rewards, **({"debug": "x" * 5_000_000} if self.path == "/oversize" else {})})
+
+    def _endless(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(10**12))
+        self.end_headers()
+        try:
+            while True:
+                self.wfile.write(b" " * 2**16)
+        except OSError:  # the client stopped reading and closed the connection
+            pass
+
+    def _redirect(self, status: int, location: str) -> None:
+        self.send_response(status)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
 
 @contextlib.contextmanager

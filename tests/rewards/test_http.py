@@ -1,5 +1,6 @@
 """`HTTPReward` against a real HTTP server on 127.0.0.1 (a subprocess, stopped by pid): the JSON
-protocol, batching, retries, and an endpoint that is down, slow, refuses, or answers wrongly."""
+protocol, batching, retries, and an endpoint that is down, slow, refuses, or answers wrongly;
+redirects to a second server on another port (another origin), which records what reached it."""
 import math
 import time
 
@@ -22,6 +23,20 @@ def const(prompts, completions, **_):
 def server():
     with running_server() as (url, _):
         yield url
+
+
+@pytest.fixture(scope="module")
+def other_server():
+    """A second service on another port of 127.0.0.1: another origin, as another host would be."""
+    with running_server() as (url, _):
+        yield url
+
+
+def _port(url):
+    return url.rsplit(":", 1)[1]
+
+
+SECRET = {"Authorization": "Bearer secret", "X-Api-Key": "key"}
 
 
 def _new_entries(url, before):
@@ -95,6 +110,13 @@ def test_slow_endpoint_stopped_by_reward_timeout(server):
     ("/not_numbers", r"/not_numbers returned 'high' for completion 0 of 3: rewards must be finite numbers, or null"),
     ("/bad_json", r"/bad_json answered invalid JSON .*'<html>oops</html>'.*it must answer \{\"rewards\""),
     ("/refuse", r"/refuse answered HTTP 400: .*no such task.*retrying would not help"),
+    # an int no float holds, JSON past the recursion limit, an answer over the 4 MiB default cap:
+    # one RewardError for the batch naming the endpoint (not OverflowError/RecursionError retried per sample)
+    ("/huge_int", r"/huge_int returned 1000000000000000000000000000000000000000\.\.\. \(401 characters\) for completion "
+                  "0 of 3: rewards must be finite numbers"),
+    ("/long_int", r"/long_int answered a number Python refuses to read \(Exceeds the limit \(4300 digits\).*'\{\"rewards\": \[999"),
+    ("/deep", r"/deep answered JSON nested too deeply to read .*'\{\"rewards\": \[\[\[\["),
+    ("/oversize", r"/oversize answered more than 4194304 bytes \(Content-Length 50000\d\d\); .*raise max_response_bytes"),
 ])
 @pytest.mark.parametrize("on_error", ["raise", "zero"])
 def test_wrong_answers_are_errors_even_under_zero(server, path, message, on_error):
@@ -103,6 +125,68 @@ def test_wrong_answers_are_errors_even_under_zero(server, path, message, on_erro
     with pytest.raises(RewardError, match=message):
         RewardFunctions([reward], on_error=on_error)(PROMPTS[:3], COMPLETIONS[:3], {})
     assert len(_new_entries(server, before)) == 1  # a protocol error is not retried
+
+
+def test_an_endless_answer_is_cut_at_the_cap(server):
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"/endless answered more than 4194304 bytes \(Content-Length 10{12}\)"):
+        RewardFunctions([HTTPReward(server + "/endless")], timeout=15)(PROMPTS[:2], COMPLETIONS[:2], {})
+    assert time.monotonic() - start < 10  # read 4 MiB and hung up, never the announced terabyte
+
+
+def test_a_cap_above_the_answer_reads_it(server):
+    reward = HTTPReward(server + "/oversize", max_response_bytes=6_000_000)
+    assert RewardFunctions([reward])(PROMPTS[:3], COMPLETIONS[:3], {})[0][:, 0].tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(RewardError, match=r"/length answered more than 20 bytes"):  # '{"rewards": [1.0]}' is 18 bytes
+        RewardFunctions([HTTPReward(server + "/length", max_response_bytes=20)])(PROMPTS[:2], COMPLETIONS[:2], {})
+
+
+@pytest.mark.parametrize("status, follow", [(s, False) for s in (301, 302, 303, 307, 308)]
+                         + [(s, True) for s in (301, 302, 303)])
+def test_a_redirect_is_refused_and_its_target_gets_nothing(server, other_server, status, follow):
+    """urllib alone would re-send the POST to the other origin as a GET with the Authorization
+    header and take that host's rewards (100.0 each). Refused by default; with follow_redirects,
+    the statuses that turn the POST into a GET stay refused (307/308: the next test)."""
+    before, before_other = len(fetch_log(server)), len(fetch_log(other_server))
+    reward = HTTPReward(f"{server}/redirect/{status}/{_port(other_server)}/stolen?n=3", headers=SECRET,
+                        follow_redirects=follow, retries=2)
+    message = "turns the POST into a GET without the batch" if follow else \
+        "redirects are not followed .*follow_redirects=True"
+    with pytest.raises(RewardError, match=rf"{server}/redirect/{status}/\d+/stolen\?n=3 answered HTTP {status}, a "
+                                          rf"redirect to 'http://127.0.0.1:\d+/stolen\?n=3'.*{message}"):
+        RewardFunctions([reward], on_error="zero")(PROMPTS[:3], COMPLETIONS[:3], {})
+    assert len(_new_entries(server, before)) == 1  # not retried
+    assert _new_entries(other_server, before_other) == []
+
+
+@pytest.mark.parametrize("status", [307, 308])
+def test_a_followed_redirect_to_another_origin_carries_no_header(server, other_server, status):
+    before, before_other = len(fetch_log(server)), len(fetch_log(other_server))
+    reward = HTTPReward(f"{server}/redirect/{status}/{_port(other_server)}/length", headers=SECRET,
+                        follow_redirects=True)
+    scores, _ = RewardFunctions([reward])(PROMPTS[:3], COMPLETIONS[:3], {})
+    assert scores[:, 0].tolist() == [1.0, 2.0, 3.0]  # the batch was re-posted and scored there
+    first, = _new_entries(server, before)
+    assert first["headers"]["authorization"] == "Bearer secret" and first["headers"]["x-api-key"] == "key"
+    there, = _new_entries(other_server, before_other)
+    assert (there["method"], there["path"], there["completions"]) == ("POST", "/length", COMPLETIONS[:3])
+    assert "authorization" not in there["headers"] and "x-api-key" not in there["headers"]
+
+
+def test_a_followed_redirect_within_the_origin_keeps_the_headers(server):
+    before = len(fetch_log(server))
+    reward = HTTPReward(f"{server}/redirect/307/{_port(server)}/length", headers=SECRET, follow_redirects=True)
+    RewardFunctions([reward])(PROMPTS[:2], COMPLETIONS[:2], {})
+    hop, final = _new_entries(server, before)
+    assert final["path"] == "/length" and final["headers"]["authorization"] == "Bearer secret"
+
+
+def test_a_redirect_chain_longer_than_five_is_refused(server):
+    before = len(fetch_log(server))
+    reward = HTTPReward(server + f"/redirect/307/{_port(server)}" * 6 + "/length", follow_redirects=True)
+    with pytest.raises(RewardError, match=r"redirected more than 5 times"):
+        RewardFunctions([reward])(PROMPTS[:2], COMPLETIONS[:2], {})
+    assert len(_new_entries(server, before)) == 6
 
 
 def test_column_that_is_not_json_is_refused_before_any_request(server):
@@ -119,3 +203,5 @@ def test_construction_errors():
         HTTPReward("http://127.0.0.1:1/", timeout=0)
     with pytest.raises(ValueError, match="batch_size >= 1"):
         HTTPReward("http://127.0.0.1:1/", batch_size=0)
+    with pytest.raises(ValueError, match=r"max_response_bytes must be an int >= 1 \(got 0\)"):
+        HTTPReward("http://127.0.0.1:1/", max_response_bytes=0)
