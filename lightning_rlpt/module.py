@@ -115,7 +115,9 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
             (see `algorithms.correction`); ``"auto"``: ``token_tis``, or None for losses that correct
-            themselves (``decoupled_ppo``). ``rollout_correction_cap`` is its cap.
+            themselves (``decoupled_ppo``). ``rollout_correction_cap`` is its cap. The weights
+            multiply the policy-gradient term only (as TRL and verl);
+            ``rollout_correction_kl=True`` weights the KL term too (see `algorithms.surrogate`).
         seed: seeds the rollout sampling stream (checkpointed) and the LoRA initialisation.
         seed_per_prompt: derive each prompt's sampling seed from the rollout seed and the
             prompt's dataset index, so completions do not depend on how prompts are batched or
@@ -172,6 +174,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         use_fused_kernel: bool = True,
         rollout_correction: str | None = "auto",
         rollout_correction_cap: float = 2.0,
+        rollout_correction_kl: bool = False,
         seed: int = 0,
         seed_per_prompt: bool = False,
         disable_dropout: bool = True,

@@ -11,7 +11,9 @@ Secretly Brings You Off-Policy RL Training", 2025; verl's ``rollout_corr``):
 - ``token_mis``: per-token ``w_t``, tokens with ``w_t > cap`` masked out (masked IS);
 - ``seq_mis``: per-sequence ``Π_t w_t``, sequences above ``cap`` masked out.
 
-The weights are detached and multiply the per-token loss.
+The weights are detached and multiply the per-token *policy-gradient* loss only; the KL term
+is added unweighted, as in TRL and verl (`surrogate` says why, and when
+``RLModule(rollout_correction_kl=True)`` weights it too).
 """
 from __future__ import annotations
 

@@ -131,6 +131,7 @@ class PolicyUpdate:
             mb, logp, old, mask, policy_loss=self.objective.policy_loss, kl_estimator=self.kl_estimator,
             kl_coef=self.knobs.kl_coef, correction=self.hparams.rollout_correction,
             correction_cap=self.hparams.rollout_correction_cap,
+            correct_kl=self.hparams.rollout_correction_kl,
             loss_options=dict(clip_low=self.knobs.clip_low, clip_high=self.knobs.clip_high,
                               dual_clip=self.objective.dual_clip, staleness=self.policy_version - mb.policy_version,
                               **self.policy_loss_kwargs), policy_mask=policy_mask)
