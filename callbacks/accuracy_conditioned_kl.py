@@ -23,6 +23,9 @@ class AccuracyConditionedKL(RLCallback):
     smoothed, ``a_s ← smoothing·a_s + (1 − smoothing)·a`` (first rollout: ``a_s = a``).
     The callback **sets ``module.knobs.kl_coef``** for every optimizer step of the rollout
     (``on_before_loss``); per-response ``kl_weights`` (e.g. `ResponseWeightedKL`) still multiply it.
+    It claims the ``kl_coef`` knob: another callback moving it (`EntropyGatedKL`) is refused at setup.
+    The accuracy counts every scored completion, truncated ones included: a truncated answer is a
+    failed attempt even when ``mask_truncated_completions`` keeps it out of the loss.
 
     Args:
         kl_min / kl_max: β at very low / very high accuracy (0.0 and 0.05; ``0 <= kl_min <= kl_max``).
@@ -66,6 +69,7 @@ class AccuracyConditionedKL(RLCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "AccuracyConditionedKL")
+        pl_module.knobs.claim("kl_coef", owner=self, trainer=trainer)
 
     def on_rewards_computed(self, trainer, module, experience):
         if len(experience) == 0:  # filtered away: keep the current coefficient

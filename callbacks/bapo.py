@@ -43,7 +43,9 @@ class BAPO(RLCallback):
 
     ``r`` needs the current log-probs: when the mini-batch has ``old_logprobs`` (the rollout is
     reused, or a callback asked ``module.request(old_logprobs=True)``) one extra no-grad forward computes them;
-    otherwise the step is on-policy, ``r = 1``, and the bounds cannot change the balance.
+    otherwise the step is on-policy, ``r = 1``, and the bounds cannot change the balance. The
+    sums run over the tokens the loss trains on (``module.loss_mask``: truncated rows left out
+    under ``mask_truncated_completions``). BAPO claims the ``clip_low``/``clip_high`` knobs.
     Works with losses that read the knobs as a token ratio range (``ppo_clip``, ``minpro``).
 
     Args:
@@ -64,7 +66,7 @@ class BAPO(RLCallback):
         [(0.6, 1.2), (0.65, 1.2), (0.7, 1.2), (0.7, 1.25), (0.7, 1.3)]
     """
 
-    requires = ("knobs", "objective", "policy_logprobs")
+    requires = ("knobs", "objective", "policy_logprobs", "loss_mask")
 
     def __init__(self, target_ratio: float = 1.0, low_bounds: tuple[float, float] = (0.6, 0.9),
                  high_bounds: tuple[float, float] = (1.2, 3.0), low_step: float = 0.05, high_step: float = 0.05,
@@ -93,6 +95,8 @@ class BAPO(RLCallback):
         loss, clipping = pl_module.objective.policy_loss, POLICY_LOSSES.names(token_clip=True)
         require(loss in clipping,  # the losses that read clip_low/clip_high as the token ratio range
                 f"BAPO moves token ratio bounds, but the policy loss is {loss!r}; use one of {clipping}")
+        for knob in ("clip_low", "clip_high"):
+            pl_module.knobs.claim(knob, owner=self, trainer=trainer)
 
     # ---------------------------------------------------------------- the search
     def search_path(self) -> list[tuple[float, float]]:
@@ -140,7 +144,7 @@ class BAPO(RLCallback):
     def on_before_loss(self, trainer: Any, module: Any, minibatch: Any) -> None:
         path = self.search_path()
         ratio = self.current_ratio(module, minibatch)
-        local = self.contributions(ratio, minibatch.advantages, minibatch.completion_mask.float(), path)
+        local = self.contributions(ratio, minibatch.advantages, module.loss_mask(minibatch), path)  # trained tokens
         sums = torch.tensor(reduce_over_ranks(trainer, local.flatten().tolist()), dtype=torch.float64).view(-1, 2)
         index, self.pos_neg_ratio = self.choose(sums)
         self.c_low, self.c_high = path[index]

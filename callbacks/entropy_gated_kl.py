@@ -9,7 +9,7 @@ import torch
 from lightning_rlpt.hooks import RLCallback
 from lightning_rlpt.model.distributed import reduce_over_ranks
 
-from ._common import log_metrics, require, require_reference
+from ._common import global_token_mean, log_metrics, require, require_reference
 
 PHASES = ("warmup", "climbing", "converged", "plateau")
 
@@ -20,8 +20,9 @@ class EntropyGatedKL(RLCallback):
     control", code: github.com/ryyzn9/SAFE; formulas in docs/callbacks.md, "EntropyGatedKL").
 
     Per rollout (``on_advantages_computed``), with ``kl`` the token mean of ``logπ − logπ_ref``,
-    ``H`` the mean token entropy of the policy on the rollout and ``mean_reward`` the mean raw
-    (undithered) score:
+    ``H`` the mean token entropy of the policy on the rollout (both over the tokens the loss
+    trains on, ``module.loss_mask``, on all ranks) and ``mean_reward`` the mean raw (undithered)
+    score:
 
     - ``kl_s ← s·kl_s + (1−s)·kl`` (``s = kl_smoothing``; the first rollout sets ``kl_s = kl``);
     - reward EMA ``e ← r·e + (1−r)·mean_reward`` (first rollout: ``e = mean_reward``),
@@ -43,7 +44,8 @@ class EntropyGatedKL(RLCallback):
     the derivative of SAFE's penalty with respect to the KL at ``kl_s``: the module's
     differentiable KL term ``β·KL`` then has the gradient SAFE's penalty was meant to have.
 
-    The policy's log-probs and entropy on the rollout cost one extra no-grad forward pass.
+    The policy's log-probs and entropy on the rollout cost one extra no-grad forward pass. The
+    callback claims the ``kl_coef`` knob (a second callback moving it is refused at setup).
 
     Args:
         base_kl_coef: β when the gate is closed (None: the module's ``kl_coef`` at fit start).
@@ -69,7 +71,7 @@ class EntropyGatedKL(RLCallback):
         0.4495
     """
 
-    requires = ("knobs", "use_reference", "policy_logprobs")
+    requires = ("knobs", "use_reference", "policy_logprobs", "loss_mask")
 
     def __init__(self, base_kl_coef: float | None = None, penalty_scale: float = 0.1, entropy_floor: float = 2.0,
                  min_entropy_factor: float = 0.5, entropy_eps: float = 0.1, kl_smoothing: float = 0.9,
@@ -158,19 +160,16 @@ class EntropyGatedKL(RLCallback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         require_reference(pl_module, "EntropyGatedKL")
+        pl_module.knobs.claim("kl_coef", owner=self, trainer=trainer)
         if self.base_kl_coef is None:
             self.base_kl_coef = float(pl_module.knobs.kl_coef)
 
     def on_advantages_computed(self, trainer, module, experience):
-        mask = experience.completion_mask.float()
         with torch.no_grad():
             logp, entropy = module.policy_logprobs(experience, with_entropy=True)
-        delta = (logp - experience.ref_logprobs) * mask
-        tokens = mask.sum().item()
-        reward, kl_sum, ent_sum, count = reduce_over_ranks(trainer, [
-            experience.scores.float().mean().item(), delta.sum().item(), (entropy * mask).sum().item(), tokens])
-        world = max(1, getattr(trainer, "world_size", 1))
-        signals = self.observe(reward / world, kl_sum / max(count, 1), ent_sum / max(count, 1))
+        kl, ent = global_token_mean(trainer, module.loss_mask(experience), logp - experience.ref_logprobs, entropy)
+        reward = reduce_over_ranks(trainer, [experience.scores.float().mean().item()], "mean")[0]
+        signals = self.observe(reward, kl, ent)
         log_metrics(module, "safe", signals)
 
     def on_before_loss(self, trainer, module, minibatch):

@@ -11,7 +11,7 @@ from lightning_rlpt.algorithms.numerics import safe_ratio
 from lightning_rlpt.hooks import RLCallback
 from lightning_rlpt.model.distributed import reduce_over_ranks
 
-from ._common import log_metrics, require
+from ._common import log_metrics, require, trained_rows
 
 RULES = ("sqrt", "linear")
 BASELINES = (None, "min_variance")
@@ -32,7 +32,9 @@ class ESSScaledLR(RLCallback):
     by a one-shot ``optimizer.register_step_post_hook`` right after ``optimizer.step()`` (and,
     as a fallback, in ``on_train_batch_end``), so schedulers, LR monitors and checkpoints only
     ever see the base LR. When ``ρ ≥ ρ_base·(1 − tolerance)`` the LR is left exactly unchanged:
-    on-policy data (``w ≡ 1`` up to kernel noise) does not move it.
+    on-policy data (``w ≡ 1`` up to kernel noise) does not move it. Only the tokens the loss
+    trains on count (``module.loss_mask``): a row without any (a truncated row under
+    ``mask_truncated_completions``) is not one of the B sequences, nor in the baseline.
 
     ``baseline="min_variance"`` also replaces the advantages (``on_advantages_computed``) with
     VCPO's minimum-variance off-policy baseline, ``A = R − Σ W R/Σ W``, ``W = ‖g‖²·w²``
@@ -64,7 +66,7 @@ class ESSScaledLR(RLCallback):
         (0.5, 0.5)
     """
 
-    requires = ("request", "rollout_engine")
+    requires = ("request", "rollout_engine", "loss_mask")
 
     def __init__(self, rule: str = "sqrt", rho_base: float = 1.0, truncation: float = 8.0, use_truncated: bool = False,
                  tolerance: float = 1e-6, baseline: str | None = None, grad_norm_proxy: str = "none"):
@@ -89,6 +91,8 @@ class ESSScaledLR(RLCallback):
         """(ρ, LR factor) for the global mini-batch whose local weights are ``weights``."""
         w = weights.clamp(max=self.truncation) if self.use_truncated else weights
         s1, s2, count = reduce_over_ranks(trainer, [w.sum().item(), (w ** 2).sum().item(), float(len(w))])
+        if count == 0:  # no rank trains on any sequence: nothing to measure, the LR is left alone
+            return float("nan"), 1.0
         ratio = (s1 ** 2 / (s2 + 1e-8)) / max(count, 1.0)
         if ratio >= self.rho_base * (1 - self.tolerance):
             return ratio, 1.0
@@ -112,19 +116,22 @@ class ESSScaledLR(RLCallback):
     def on_advantages_computed(self, trainer, module, experience):
         if self.baseline is None:
             return
-        mask = experience.completion_mask.float()
+        mask = module.loss_mask(experience)
+        # a row the loss does not train on has no gradient: W = ‖g‖²·w² = 0 keeps it out of the baseline
         w = self.sequence_weights(self._old(experience), self._behaviour(experience), mask).float()
+        w = w * trained_rows(mask).float()
         lengths = mask.sum(-1) if self.grad_norm_proxy == "length" else None
         experience.advantages = compute_advantages("min_variance_offpolicy", experience.rewards, experience.group_size,
                                                    is_weights=w, grad_sq_norms=lengths)
 
     def on_before_loss(self, trainer, module, minibatch):
         self._restore(trainer)
-        mask = minibatch.completion_mask.float()
+        mask = module.loss_mask(minibatch)
         weights = self.sequence_weights(self._old(minibatch), self._behaviour(minibatch), mask)
+        weights = weights[trained_rows(mask).to(weights.device)]  # B counts the sequences trained on
         ratio, self._factor = self.scale_for(weights, trainer)
         log_metrics(module, "ess", {"ratio": ratio, "lr_scale": self._factor, "weight_mean": weights.mean().item(),
-                                    "weight_max": weights.max().item(),
+                                    "weight_max": weights.max().item() if len(weights) else float("nan"),
                                     "truncated_weight_mean": weights.clamp(max=self.truncation).mean().item()})
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:

@@ -48,10 +48,11 @@ ARMS = {
     "curriculum": lambda: [CurriculumSampler("gaussian", epoch_size=256, dynamic_filtering=True, max_refill_rounds=1)],
     "ess_scaled_lr": lambda: [ESSScaledLR()],
     "reward_dithering": lambda: [RewardDithering(scale=0.05)],
+    # EntropyGatedKL and AccuracyConditionedKL both own kl_coef and refuse each other: the
+    # combination keeps AKL (listed later, it overrode SAFE's coefficient in every step before).
     "all_seven": lambda: [RewardDithering(scale=0.05),
                           CurriculumSampler("gaussian", epoch_size=256, dynamic_filtering=True, max_refill_rounds=1),
-                          EntropyGatedKL(warmup_steps=10, window=10), ResponseWeightedKL(),
-                          AccuracyConditionedKL(kl_min=0.0, kl_max=0.01), ESSScaledLR(),
+                          ResponseWeightedKL(), AccuracyConditionedKL(kl_min=0.0, kl_max=0.01), ESSScaledLR(),
                           ReferenceReset(mode="best", every_n_validations=2)],
 }
 

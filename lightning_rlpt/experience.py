@@ -85,6 +85,30 @@ class Experience:
     def num_groups(self) -> int:
         return len(self) // self.group_size
 
+    def trained_mask(self, mask_truncated: bool) -> torch.Tensor:
+        """``[N, C]`` float: 1 on the tokens the loss trains on. The one definition the loss
+        (`RLModule.loss_mask`) and the callbacks' statistics share, so a callback never measures
+        tokens the loss does not see.
+
+        Args:
+            mask_truncated: drop every token of a truncated row (``RLModule``'s
+                ``mask_truncated_completions``); rows of ``completion_mask`` 0 (padding, tool and
+                environment tokens) are never trained on.
+
+        Example:
+            >>> exp = Experience(torch.zeros(2, 1), torch.ones(2, 1), torch.zeros(2, 2), torch.ones(2, 2),
+            ...                  torch.zeros(2), 2, ["p", "p"], ["a", "b"], truncated=torch.tensor([False, True]))
+            >>> exp.trained_mask(True).tolist()
+            [[1.0, 1.0], [0.0, 0.0]]
+        """
+        mask = self.completion_mask.float()
+        if not mask_truncated:
+            return mask
+        if self.truncated is None:
+            raise ValueError("mask_truncated_completions needs experience.truncated, which this experience lacks: "
+                             "set it in the rollout (a [N] bool, True where max_new_tokens was hit without EOS)")
+        return mask * (~self.truncated.bool()).float().unsqueeze(-1).to(mask.device)
+
     @property
     def input_ids(self) -> torch.Tensor:
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)

@@ -30,7 +30,10 @@ are Lightning's own hooks.
 
 What a callback may touch on the module is `PUBLIC_SURFACE` (each callback lists what it uses
 in ``requires``, checked at ``setup``): the `Knobs` it may move, the `Requests` it may make, one
-method for the policy's log-probs, one for refill rollouts, and read-only facts about the run.
+method for the policy's log-probs, one for refill rollouts, the mask of the tokens the loss trains
+on (``module.loss_mask(experience)``: statistics over any other tokens would measure what the loss
+does not see), and read-only facts about the run. A knob has one owner: a callback that moves one
+claims it in ``setup`` (``module.knobs.claim(name, owner=self, trainer=trainer)``).
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ HOOKS = ("on_rollout_end", "on_rollout_scored", "on_rewards_computed", "on_advan
 PUBLIC_SURFACE = (
     "knobs", "request",                                   # move knobs, ask for tensors
     "policy_logprobs", "refill", "sync_engine",           # act
+    "loss_mask",                                          # the tokens the loss trains on (measure over these)
     "policy", "reference", "use_reference", "tokenizer",  # the models (ReferenceReset, VLLMRollout)
     "rollout_engine", "sampling", "val_sampling",         # the engine and its settings (VLLMRollout)
     "objective", "group_size", "success_threshold", "reward_names", "policy_version", "episodes",  # facts

@@ -96,11 +96,14 @@ class PolicyUpdate:
         return totals
 
     def loss_mask(self, mb: Experience) -> torch.Tensor:
-        """The tokens trained on: completion tokens, less truncated rows when masked."""
-        mask = mb.completion_mask.float()
-        if self.hparams.mask_truncated_completions:
-            mask = mask * (~mb.truncated.bool()).float().unsqueeze(-1)
-        return mask
+        """``[N, C]`` float, 1 on the tokens the loss trains on (`Experience.trained_mask` under
+        this module's ``mask_truncated_completions``). Public (`hooks.PUBLIC_SURFACE`): callbacks
+        measure their statistics over exactly these tokens.
+
+        Args:
+            mb: the (mini-/micro-)batch.
+        """
+        return mb.trained_mask(self.hparams.mask_truncated_completions)
 
     def loss(self, mb: Experience, counts: tuple[float, float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on (a micro-batch of) a mini-batch: ``(loss, metrics)``. ``counts`` are

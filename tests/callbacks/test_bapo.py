@@ -34,6 +34,7 @@ def minibatch(tokens=TOKENS, on_policy=False):
 def fake_module():
     logged = {}
     return SimpleNamespace(knobs=SimpleNamespace(clip_low=0.2, clip_high=0.2), logged=logged,
+                           loss_mask=lambda mb: mb.completion_mask.float(),
                            log=lambda name, value, **_: logged.__setitem__(name, value))
 
 
