@@ -9,6 +9,10 @@ STAMP  := $(VENV)/.installed-stamp
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	# The code reward's sandbox (bubblewrap): installed where we are root with apt-get, never failing the install.
+	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v bwrap >/dev/null; then \
+		apt-get install -y bubblewrap >/dev/null 2>&1 || (apt-get update >/dev/null 2>&1 && apt-get install -y bubblewrap >/dev/null 2>&1) \
+		|| echo "could not install bubblewrap: CodeExecutionReward needs it (or sandbox='local-unsafe')"; fi
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install torch==2.13.0

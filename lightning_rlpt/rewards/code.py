@@ -1,4 +1,4 @@
-"""A reward that runs a completion's Python code against the row's tests in a sandbox."""
+"""A reward that runs a completion's Python code against the row's tests in a sandbox (``sandbox.py``)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,9 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
-from .sandbox import Outcome, run_in_sandbox
+from .code_tests import COMPARE, StdioCases, parse_row, same_output
+from .sandbox import Limits, Outcome, run_program, run_tests
+from .sandbox_launch import MODES, check_mode
 from .text import completion_text, required_column
 
 # A fenced block: its label, its body. Blocks are matched left to right, so a closing fence is
@@ -32,46 +34,54 @@ def extract_code(text: str) -> str:
 
 
 class SandboxLimitError(RuntimeError):
-    """A completion's code was killed at a limit (timeout, memory, CPU) or by a signal."""
+    """A completion's code has no score: it was killed at a limit (time, memory, CPU) or by a
+    signal, or its verdict could not be trusted (the checker died, or its report was malformed)."""
 
 
 class CodeExecutionReward:
     """The fraction of a row's tests that the completion's code passes, run in a sandbox.
 
     The code is the completion's last ```` ```python ```` block (`extract_code`), or the whole
-    completion when it has none. Each row's tests are Python snippets, usually assert
-    statements (MBPP's ``test_list`` form), e.g. ``["assert add(1, 2) == 3", "assert add(0, 0) == 0"]``;
-    a single string is one test (e.g. HumanEval's ``check(candidate)`` program). The code runs
-    once; then each test runs in its namespace and passes when it raises nothing. Code that
-    raises or does not compile fails every test. open-r1's ``code_reward`` (pass rate) and
-    ``binary_code_reward`` (all or nothing) score the same way, on stdin/stdout cases instead;
-    it scores a completion without a ```` ```python ```` block as empty code.
+    completion when it has none. A row's tests come in two formats (``code_tests.py``):
 
-    Each completion runs in a fresh ``python -I`` subprocess (`lightning_rlpt.rewards.sandbox`):
-    its own temporary working directory, a clean environment, a wall-clock ``timeout``, a
-    ``memory_mb`` address-space limit, a CPU-time limit, a file-size limit, output discarded, and
-    no network (a network namespace where the kernel allows it; the first call warns when only
-    the weaker socket guard is available). Every process the code starts is killed and reaped.
-    It guards against runaway code, not against code written to break out: the code runs as
-    your user. Fork bombs are not limited (``RLIMIT_NPROC`` counts all of a user's processes,
-    the trainer's too), though the sandbox kills whatever the code forked when it ends.
+    - *assert-style*: Python snippets (MBPP's ``test_list``), e.g. ``["assert add(1, 2) == 3"]``,
+      or one string (HumanEval's ``check(candidate)`` program). The code is loaded once in a
+      sandboxed process; the tests run in a second, clean interpreter where the code's functions
+      and classes are proxies, so only plain return values cross back (``sandbox.py``): code
+      that patches builtins, walks the stack or returns an always-equal object passes nothing.
+      A test passes when it raises nothing; code that raises or does not compile fails all.
+    - *stdin/stdout*: ``{"inputs": [...], "outputs": [...]}`` (or a list of ``{"input", "output"}``
+      dicts). The code runs as a program once per input, in a fresh sandbox each time; its
+      output is compared in the trainer (``compare``). A case passes when the program exits 0
+      and its output matches.
 
-    *Killed samples.* Code stopped by the timeout, the memory limit or a signal has no score: the
-    call raises `SandboxLimitError` naming the samples, and ``RLModule(reward_on_error=...)``
-    decides (``"raise"`` stops the run naming the sample; ``"zero"`` scores it 0 and counts it in
-    ``rewards/code/failures``). `RewardFunctions` then calls the reward sample by sample to find
-    the failures; the reward keeps the outcomes of the failed batch and answers those calls from
-    them, so no code runs twice.
+    The sandbox is bubblewrap (``sandbox="bwrap"``): its own user, PID, network, IPC and UTS
+    namespaces, no capabilities, a read-only view of only the interpreter, a private ``/tmp``,
+    a cleared environment, rlimits, capped output. Where ``bwrap`` is missing the first call
+    raises `SandboxUnavailable` naming the package, before any code runs, unless you opt into
+    ``sandbox="local-unsafe"`` (rlimits only: code written to escape gets out; it warns).
+    docs/rewards.md says what the sandbox guarantees and costs.
+
+    *Killed samples.* Code stopped by the timeout, the memory limit or a signal, or whose
+    verdict cannot be trusted, has no score: the call raises `SandboxLimitError` naming the
+    samples, and ``RLModule(reward_on_error=...)`` decides (``"raise"`` stops the run naming the
+    sample; ``"zero"`` scores it 0 and counts it in ``rewards/code/failures``), never a pass.
+    `RewardFunctions` then calls the reward sample by sample to find the failures; the reward
+    keeps the outcomes of the failed batch and answers those calls from them, so no code runs twice.
 
     Args:
         tests_column: the dataset column holding each row's tests.
-        timeout: wall-clock seconds for a completion's code and all its tests.
-        memory_mb: address-space limit of the code's process, in MiB.
+        timeout: wall-clock seconds for a completion's code and all its assert tests, or for one
+            stdin/stdout case.
+        memory_mb: address-space limit of each sandboxed process, in MiB.
         max_workers: completions run at once; default ``min(8, os.cpu_count())``.
         binary: 1.0 only when every test passes, else 0.0, instead of the pass rate.
-        network: ``"auto"`` (a network namespace if possible, else the socket guard) or
-            ``"guard"`` (the socket guard only).
-        max_file_mb: size limit of each file the code writes.
+        sandbox: ``"bwrap"`` or ``"local-unsafe"``.
+        compare: stdin/stdout outputs: ``"lines"`` (trailing whitespace and blank lines ignored)
+            or ``"exact"``.
+        max_file_mb: all bytes the code may keep written (per file with ``"local-unsafe"``).
+        max_processes: processes and threads the code may run at once.
+        max_output_mb: standard output read back per stdin/stdout case.
 
     Example:
         >>> reward = CodeExecutionReward(timeout=5)
@@ -84,23 +94,30 @@ class CodeExecutionReward:
     __name__ = "code"  # logged as rewards/code/...
 
     def __init__(self, tests_column: str = "tests", *, timeout: float = 10.0, memory_mb: int = 1024,
-                 max_workers: int | None = None, binary: bool = False, network: str = "auto", max_file_mb: int = 16):
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds (got {timeout!r})")
-        if memory_mb < 64:
-            raise ValueError(f"memory_mb={memory_mb!r} is too small for a Python process; give at least 64 (MiB)")
+                 max_workers: int | None = None, binary: bool = False, sandbox: str = "bwrap", compare: str = "lines",
+                 max_file_mb: int = 16, max_processes: int = 32, max_output_mb: float = 1.0):
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be >= 1 (got {max_workers!r})")
-        if network not in ("auto", "guard"):
-            raise ValueError(f"network must be 'auto' or 'guard' (got {network!r})")
-        self.tests_column, self.timeout, self.memory_mb, self.binary = tests_column, timeout, memory_mb, binary
+        if sandbox not in MODES:
+            raise ValueError(f"sandbox must be one of {MODES} (got {sandbox!r})")
+        if compare not in COMPARE:
+            raise ValueError(f"compare must be one of {COMPARE} (got {compare!r})")
+        self.limits = Limits(timeout, memory_mb, max_file_mb, max_processes, max_output_mb)
+        self.tests_column, self.binary, self.sandbox, self.compare = tests_column, binary, sandbox, compare
         self.max_workers = max_workers or min(8, os.cpu_count() or 1)
-        self.network, self.max_file_mb = network, max_file_mb
         self._kept: dict[tuple, Outcome] = {}  # the outcomes of the last batch that had killed samples
         self._lock = threading.Lock()
-        self._warned_guard = False
+        if sandbox == "local-unsafe":
+            warnings.warn("CodeExecutionReward(sandbox='local-unsafe') runs completions with rlimits only, as your user: "
+                          "code written to escape can read your files and environment and reach the network. "
+                          "Install bubblewrap (apt-get install -y bubblewrap) and use sandbox='bwrap'", stacklevel=2)
+
+    @property
+    def timeout(self) -> float:
+        return self.limits.timeout
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any) -> list[float]:
+        check_mode(self.sandbox)  # bwrap missing: refuse before any code runs
         tests = self._tests(columns, len(completions))  # every row checked before any code runs
         keys = [(extract_code(completion_text(c)), t) for c, t in zip(completions, tests)]
         outcomes = self._outcomes(keys)
@@ -128,31 +145,36 @@ class CodeExecutionReward:
 
     def _run(self, key: tuple) -> Outcome:
         code, tests = key
-        outcome = run_in_sandbox(code, tests, timeout=self.timeout, memory_mb=self.memory_mb,
-                                 max_file_mb=self.max_file_mb, network=self.network)
-        if outcome.network == "guard" and self.network == "auto" and not self._warned_guard:
-            self._warned_guard = True
-            warnings.warn("no network namespace is available here (needs root or unprivileged user namespaces): the "
-                          "code sandbox blocks Python's sockets only, which code using ctypes can get past", stacklevel=2)
-        return outcome
+        if not isinstance(tests, StdioCases):
+            return run_tests(code, tests, self.limits, sandbox=self.sandbox)
+        passed = []
+        for stdin, expected in zip(tests.inputs, tests.outputs):
+            result = run_program(code, stdin, self.limits, sandbox=self.sandbox)
+            if result.killed:  # no score for the sample: the later cases need not run
+                return Outcome((False,) * len(tests.inputs), result.status)
+            passed.append(result.status == "ok" and same_output(result.stdout, expected, self.compare))
+        return Outcome(tuple(passed), "ok")
 
     def _describe(self, killed: list[int], outcomes: list[Outcome]) -> str:
-        limits = {"timeout": f"ran past timeout={self.timeout}s", "memory": f"went past memory_mb={self.memory_mb}"}
-        why = limits.get(outcomes[killed[0]].status, "was " + outcomes[killed[0]].status)
+        limits = {"timeout": f"ran past timeout={self.timeout}s", "memory": f"went past memory_mb={self.limits.memory_mb}"}
+        status = outcomes[killed[0]].status
+        why = limits.get(status, ("gave a verdict that cannot be trusted (" + status.split(": ", 1)[-1] + ")")
+                         if status.startswith("untrusted") else "was " + status)
         what = (f"the code was killed: it {why}" if len(outcomes) == 1 else
                 f"the code of {len(killed)} of {len(outcomes)} completions was killed (sample {killed[0]} {why})")
         return (f"{what}. If correct solutions need more, raise CodeExecutionReward(timeout=..., memory_mb=...); "
                 "reward_on_error='zero' scores such samples 0")
 
-    def _tests(self, columns: dict[str, Any], n: int) -> list[tuple[str, ...]]:
+    def _tests(self, columns: dict[str, Any], n: int) -> list:
         rows = required_column(columns, self.tests_column, n, reward="code reward", holds="the tests",
                                example_source="test_list", option="CodeExecutionReward(tests_column='test_list')")
         out = []
         for i, row in enumerate(rows):
-            tests = (row,) if isinstance(row, str) else tuple(row) if isinstance(row, (list, tuple)) else None
-            if not tests or not all(isinstance(t, str) and t.strip() for t in tests):
+            tests = parse_row(row)
+            if tests is None:
                 raise ValueError(f"row {i} of column {self.tests_column!r} is {str(row)[:80]!r}: give a non-empty list "
-                                 "of Python test snippets, e.g. ['assert add(1, 2) == 3'], or one string")
+                                 "of Python test snippets, e.g. ['assert add(1, 2) == 3'], or one string, or stdin/stdout "
+                                 "cases {'inputs': ['1 2\\n'], 'outputs': ['3\\n']} (strings, as many inputs as outputs)")
             out.append(tests)
         return out
 
@@ -164,4 +186,4 @@ class CodeExecutionReward:
 
 
 code_reward = CodeExecutionReward()
-"""`CodeExecutionReward` with its defaults (tests in column ``tests``), for configs to name."""
+"""`CodeExecutionReward` with its defaults (tests in column ``tests``, bubblewrap), for configs to name."""
