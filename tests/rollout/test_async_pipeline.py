@@ -7,14 +7,13 @@ import os
 
 import lightning as L
 import pytest
-import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 import tiny_task as task
 from conftest import quiet_trainer
+from correction_probe import correction_in_loss
 from lightning_rlpt import PromptDataModule, PromptDataset, RLCallback, RLModule
-from lightning_rlpt.algorithms.correction import correction_weights
 from lightning_rlpt.callbacks import CurriculumSampler, VLLMServerRollout
 from lightning_rlpt.data import collate_prompts
 from lightning_rlpt.rollout.vllm.pipeline import Lookahead
@@ -104,18 +103,15 @@ def test_lookahead_follows_a_batch_sampler_and_refuses_an_iterable_dataset(arith
 
 # ---------------------------------------------------------------- on a server
 class Versions(RLCallback):
-    """Per batch: the trainer's version, the version sampled from, and the token-TIS weights
-    the loss multiplies by (the policy at loss time over the behaviour log-probs)."""
+    """Per batch: the trainer's version, the version sampled from, and the largest change the
+    module's token-TIS correction makes to a row's loss (`correction_in_loss`)."""
 
     def __init__(self):
         self.rows = []
 
     def on_before_loss(self, trainer, module, experience):
-        with torch.no_grad():
-            current = module.policy_logprobs(experience)[0].float()
-        mask = experience.completion_mask.float()
-        weights = correction_weights(current, experience.behaviour_logprobs, mask, "token_tis", 2.0)[mask.bool()]
-        self.rows.append((module.policy_version, experience.policy_version, (weights - 1).abs().max().item()))
+        assert module.hparams.rollout_correction == "token_tis"
+        self.rows.append((module.policy_version, experience.policy_version, correction_in_loss(module, experience)))
 
 
 @pytest.mark.slow
@@ -131,7 +127,7 @@ def test_versions_lag_by_one_and_the_correction_engages(server, warm_start_dir, 
     assert [(v, s) for v, s, _ in sync] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     assert [(v, s) for v, s, _ in ahead] == [(0, 0), (1, 0), (2, 1), (3, 2)]  # batch i sampled with v(i - 1)
     assert max(w for _, _, w in sync) < 1e-3  # on-policy: the TIS weights are 1 up to the engines' numerics
-    assert ahead[0][2] < 1e-3 and min(w for _, _, w in ahead[1:]) > 1e-2  # one step stale: they move
+    assert ahead[0][2] < 1e-3 and min(w for _, _, w in ahead[1:]) > 1e-2  # one step stale: the loss moves
     metrics = runs[1][1]
     assert [metrics[s]["async/staleness/max"] for s in range(4)] == [0.0, 1.0, 1.0, 1.0]
     assert [metrics[s]["async/staleness/mean"] for s in range(4)] == [0.0, 1.0, 1.0, 1.0]
