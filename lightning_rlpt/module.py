@@ -71,8 +71,9 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             sequences / padded tokens (rows × the micro-batch's own longest prompt + completion,
             rows grouped by length); gradients accumulate to exactly the one-pass gradient of the
             mini-batch, still one optimizer step per mini-batch. The same caps chunk the no-grad
-            forwards (reference, old log-probs, entropies) and the HF engine's generation. A
-            prompt that could not fit with ``max_new_tokens`` is refused before its rollout (see
+            forwards (reference, old log-probs, entropies), never generation, which has its own
+            cap (``generation=dict(max_batch_rows=...)``, see `SamplingConfig`). A prompt that
+            could not fit with ``max_new_tokens`` is refused before its rollout (see
             `lightning_rlpt.batching`). None: no cap (one pass).
         padding_free: run every policy/reference forward on one packed row (each micro-batch's
             real tokens, ``position_ids`` restarting per sequence, no attention mask): no compute
@@ -121,7 +122,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         seed: seeds the rollout sampling stream (checkpointed) and the LoRA initialisation.
         seed_per_prompt: derive each prompt's sampling seed from the rollout seed and the
             prompt's dataset index, so completions do not depend on how prompts are batched or
-            spread over ranks (the HF engine then generates group by group: slower).
+            spread over ranks (every engine samples each row from its own seed). A prompt drawn
+            twice in one batch gets two independent groups.
 
     Example:
         >>> module = RLModule("path/to/model", reward_funcs=[my_reward], objective="grpo", group_size=8)  # doctest: +SKIP
@@ -321,10 +323,9 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     @property
     def engine(self) -> RolloutEngine:
         if self.rollout_engine is None:
-            self.rollout_engine = HFGenerateEngine(
+            self.rollout_engine = HFGenerateEngine(  # generation's own cap: generation=dict(max_batch_rows=...)
                 self.policy, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                return_logprobs=self.requests.rollout_logprobs, max_rows=self.micro_batching.micro_batch_size,
-                max_tokens=self.micro_batching.max_tokens_per_micro_batch)
+                return_logprobs=self.requests.rollout_logprobs)
             self._default_engine = self.rollout_engine  # `request` keeps its flag current
         return self.rollout_engine
 

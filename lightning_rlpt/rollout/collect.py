@@ -10,6 +10,7 @@ from ..experience import Experience
 from ..padding import left_pad, right_pad
 from ..rewards import RewardFunctions, as_trl_completions
 from .engine import RolloutEngine, RolloutOutput
+from .row_sampling import keyed_seed
 from .sampling import SamplingConfig
 
 
@@ -52,8 +53,9 @@ def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], 
             seed_per_prompt: bool = False, check_prompts: Callable[[int, int], None] | None = None
             ) -> tuple[Experience, int]:
     """Sample ``group_size`` completions per prompt; returns the experience and the count of
-    truncated prompts. With ``seed_per_prompt`` each group's seed comes from ``seed`` and the
-    prompt's dataset ``index``, so samples do not depend on batch composition or layout.
+    truncated prompts. Each row samples from its own seed (`row_seeds`); with ``seed_per_prompt``
+    it comes from ``seed`` and the prompt's dataset ``index``, so samples do not depend on batch
+    composition or layout.
     ``check_prompts(longest prompt, max_new_tokens)`` may refuse the batch before generation.
     (Multi-turn episodes: `episodes.rollout.rollout_episodes`, same arguments.)"""
     prompts = list(batch["prompt"])
@@ -65,11 +67,23 @@ def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], 
     return to_experience(out, rep, tokenizer, batch, group_size, sampling, device), cut
 
 
-def row_seeds(batch: dict[str, list[Any]], group_size: int, seed: int, seed_per_prompt: bool) -> int | list[int]:
-    """``seed`` for the whole call, or with ``seed_per_prompt`` one per row from the prompt's ``index``."""
+def row_seeds(batch: dict[str, list[Any]], group_size: int, seed: int, seed_per_prompt: bool) -> list[int]:
+    """One seed per row, every row its own: keyed by ``(seed, row)``, or with ``seed_per_prompt``
+    by ``(seed, dataset index, occurrence of that index in the batch, row within the group)``,
+    so a prompt drawn twice gets two independent groups and no seed depends on the prompt's
+    position in the batch. Engines sample each row from its seed alone (`row_sampling`)."""
     if not seed_per_prompt:
-        return seed
-    return [(seed + 1_000_003 * int(i)) % 2**62 for i in batch["index"] for _ in range(group_size)]
+        return [keyed_seed(seed, j) for j in range(len(batch["prompt"]) * group_size)]
+    if "index" not in batch:
+        raise ValueError("seed_per_prompt=True keys each prompt's seed by its dataset index, but the batch has "
+                         "no 'index' column: load prompts with PromptDataModule (or collate_prompts), or set "
+                         "seed_per_prompt=False")
+    seen: dict[int, int] = {}
+    seeds = []
+    for i in batch["index"]:
+        occurrence = seen[int(i)] = seen.get(int(i), -1) + 1
+        seeds += [keyed_seed(seed, int(i), occurrence, k) for k in range(group_size)]
+    return seeds
 
 
 def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: Any, batch: dict[str, list[Any]],

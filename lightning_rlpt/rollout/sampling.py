@@ -37,6 +37,13 @@ class SamplingConfig:
             validation config copies the training one (``RLModule(val_generation=None)``), so
             validation prompts are formatted the same way; an explicit ``val_generation`` must
             repeat it.
+        max_batch_rows: the HF engine generates at most this many rows per ``generate`` call
+            (its memory is the KV cache and one step's logits, both in proportion to the rows);
+            None (the default): one call for the whole rollout. Completions do not depend on it
+            (each row samples with its own seed). The training caps (``RLModule``'s
+            ``micro_batch_size`` / ``max_tokens_per_micro_batch``) never chunk generation: small
+            chunks re-read the whole model at every decoding step. vLLM engines schedule their
+            own batches and ignore it. See docs/memory.md.
 
     What the learner scores: the training log-probs are ``log_softmax(logits / temperature)``
     of the policy, not of the distribution ``top_p``, ``top_k``, ``min_p`` and
@@ -62,6 +69,7 @@ class SamplingConfig:
     prompt_truncation: str = "left"
     chat_template: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    max_batch_rows: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -81,6 +89,10 @@ class SamplingConfig:
             raise ValueError(f"prompt_truncation must be 'left' or 'error' (got {self.prompt_truncation!r})")
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1 or None (got {self.max_prompt_length})")
+        if self.max_batch_rows is not None and (isinstance(self.max_batch_rows, bool) or
+                                                not isinstance(self.max_batch_rows, int) or self.max_batch_rows < 1):
+            raise ValueError(f"max_batch_rows must be an int >= 1, or None for one generate call (got "
+                             f"{self.max_batch_rows!r}); it caps the HF engine's rows per call")
         self._check_template_kwargs()
 
     def _check_template_kwargs(self) -> None:

@@ -20,7 +20,9 @@ is the untruncated one, so the IS ratio also carries the truncation. The same ho
 "processed" includes as well (docs/long_reasoning.md).
 
 Sampling is reproducible: request ``i`` of a call seeded ``seed`` draws with its own seed
-(`request_seeds`), so the module's checkpointed seed stream fixes every completion.
+(`row_sampling.request_seeds`, which the HF engine uses too), so the module's checkpointed seed
+stream fixes every completion. ``SamplingConfig.max_batch_rows`` is the HF engine's: vLLM
+schedules its own batches.
 
 Example:
     >>> engine = VLLMEngine.from_module(module, max_model_len=64)  # doctest: +SKIP
@@ -44,6 +46,7 @@ from torch import nn
 
 from ...model.weights import policy_weights
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
+from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
 from .checks import check_head_dim, check_tensor_parallel, context_length, head_dim, import_vllm, model_config
 
@@ -72,25 +75,6 @@ def export_model_dir(config: Any, tokenizer: Any, dtype: torch.dtype, path: str)
     config.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
-
-
-def request_seeds(seed: int | list[int], n: int) -> list[int]:
-    """One seed per request, so the G rows of a group draw differently yet reproducibly.
-
-    ``seed`` is the call's seed, or one seed per row (``collect.rollout(seed_per_prompt=True)``
-    gives the G rows of a prompt the same one): the k-th row carrying seed ``s`` gets the k-th
-    draw of a stream seeded by ``s``, independent of the rest of the batch.
-    """
-    if not isinstance(seed, (list, tuple)):
-        gen = torch.Generator().manual_seed(int(seed))
-        return torch.randint(0, 2**31 - 1, (n,), generator=gen).tolist()
-    if len(seed) != n:
-        raise ValueError(f"got {len(seed)} seeds for {n} prompt rows")
-    counts: dict[int, int] = {}
-    for s in seed:
-        counts[int(s)] = counts.get(int(s), 0) + 1
-    streams = {s: iter(request_seeds(s, c)) for s, c in counts.items()}
-    return [next(streams[int(s)]) for s in seed]
 
 
 def kv_cache_bytes(config: Any, dtype: torch.dtype, max_model_len: int, sequences: int = 256) -> int:
@@ -214,7 +198,7 @@ class VLLMEngine(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int | list[int]) -> RolloutOutput:
         """Completion ids (ending with EOS when stopped by it) and the sampled tokens' log-probs;
-        ``seed``: one for the call or one per row (see `request_seeds`)."""
+        ``seed``: one for the call or one per row (see `row_sampling.request_seeds`)."""
         from vllm.inputs import TokensPrompt
 
         sampling, stop = self.effective_sampling(sampling)

@@ -3,8 +3,9 @@
 Same `RolloutOutput` as the colocated `VLLMEngine`: completion ids (ending with EOS when the
 model stopped) and each sampled token's ``processed_logprobs`` log-prob (the servers run with
 ``--logprobs-mode processed_logprobs``, see `rollout.vllm.engine` for why). Seeds: request ``i``
-gets the same per-request seed as in the colocated engine (`request_seeds`), so a completion
-depends only on the module's seed stream, not on which server answered or how many there are.
+gets the same per-request seed as in the colocated and HF engines (`row_sampling.request_seeds`),
+so a completion depends only on the module's seed stream, not on which server answered or how
+many there are.
 
 Weight versions: after a weight sync the engine sets every server's ``weight_version`` (vLLM's
 ``/update_weight_version``) to the optimizer step the weights come from; before every rollout it
@@ -31,9 +32,10 @@ from typing import Any, Iterable
 import torch
 
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
+from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
 from .client import ServerFailure, ServerPool
-from .engine import OVERRIDES, request_seeds
+from .engine import OVERRIDES
 from .ranks import lead_then_share
 from .server import VLLMServer
 from .transport import SnapshotTransport

@@ -1,0 +1,114 @@
+"""Per-row sampling: every completion is a function of its own row's seed.
+
+`request_seeds` turns an engine call's ``seed`` (one for the call, or one per row) into one
+seed per row; every engine uses it (vLLM passes them as ``SamplingParams.seed``, the HF engine
+to `RowSampler`), so a row draws the same way on every engine, in any batch, chunk or rank.
+
+`RowSampler` is the HF engine's sampler: Gumbel-max, ``argmax(scores + Gumbel noise)``, which
+picks a token with probability ``softmax(scores)`` exactly as multinomial sampling does, with
+the noise of row ``r`` at decoding step ``t`` for token ``v`` a counter-based hash of
+``(seed_r, t, v)`` (`uniform`). A torch generator per row would work too, but costs a kernel
+launch per row and step; the hash is one vectorised pass over ``[rows, vocab]``, needs no RNG
+state (the global torch RNG is untouched) and is the same on CPU and GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from transformers import LogitsProcessor
+
+_MASK32 = 0xFFFFFFFF
+# Chris Wellons' "lowbias32" integer hash (https://nullprogram.com/blog/2018/07/31/).
+_MUL_A, _MUL_B = 0x7FEB352D, 0x846CA68B
+
+
+def keyed_seed(*key: int) -> int:
+    """A 62-bit seed from a tuple of integers (sha256 of its repr: no structure, no collisions in practice)."""
+    return int.from_bytes(hashlib.sha256(repr(tuple(int(k) for k in key)).encode()).digest()[:8], "big") % 2**62
+
+
+def request_seeds(seed: int | list[int], n: int) -> list[int]:
+    """One seed per row, so the rows of a call draw differently yet reproducibly.
+
+    ``seed`` is the call's seed (row ``i`` gets the ``i``-th draw of a stream seeded by it), or
+    one seed per row: the ``k``-th row carrying seed ``s`` gets the ``k``-th draw of a stream
+    seeded by ``s``, independent of the rest of the batch. `collect.row_seeds` gives every row
+    its own seed, so each then gets the first draw of its own stream.
+
+    Example:
+        >>> request_seeds([7, 7, 9], 3)[:2] == request_seeds([7, 7], 2)
+        True
+    """
+    if not isinstance(seed, (list, tuple)):
+        gen = torch.Generator().manual_seed(int(seed))
+        return torch.randint(0, 2**31 - 1, (n,), generator=gen).tolist()
+    if len(seed) != n:
+        raise ValueError(f"got {len(seed)} seeds for {n} prompt rows")
+    counts: dict[int, int] = {}
+    for s in seed:
+        counts[int(s)] = counts.get(int(s), 0) + 1
+    streams = {s: iter(request_seeds(s, c)) for s, c in counts.items()}
+    return [next(streams[int(s)]) for s in seed]
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2**32`` for ``0 <= x < 2**32`` in int64 without overflow (16-bit halves of ``c``)."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32: a bijective 32-bit avalanche (every input bit flips each output bit with p ~ 1/2)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, _MUL_A)
+    x = x ^ (x >> 15)
+    x = _mul32(x, _MUL_B)
+    return x ^ (x >> 16)
+
+
+def uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+    """``[rows, vocab]`` float64 uniforms in (0, 1): a hash of (row seed, ``step``, token id).
+
+    Args:
+        seeds: ``[rows]`` int64 seeds in [0, 2**62).
+        step: the decoding step (the completion token's index).
+        vocab: how many token ids.
+    """
+    key = _mix32(seeds & _MASK32)
+    key = _mix32(key ^ ((seeds >> 32) & _MASK32))
+    key = _mix32(key ^ (step & _MASK32))
+    tokens = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64))
+    bits = _mix32(_mix32(key.unsqueeze(1) ^ tokens.unsqueeze(0)))
+    return (bits.double() + 0.5) / 2**32
+
+
+class RowSampler(LogitsProcessor):
+    """The last logits processor of the HF engine: picks each row's token (Gumbel-max with the
+    row's seed, or the argmax when ``seeds`` is None) and returns scores whose argmax is that
+    token, so generate must run greedy (``do_sample=False``) with the warpers in front of this.
+
+    The behaviour log-prob of each picked token is that of the processed distribution (the
+    temperature, top-k/top-p/min-p and the repetition penalty applied), never of the noise:
+    ``log_softmax(scores)[token]``, kept per step in ``logprobs`` when ``record``.
+
+    Args:
+        seeds: one seed per row (`request_seeds`), or None for greedy decoding.
+        prompt_width: the padded prompt width; the step is ``input_ids.shape[1] - prompt_width``,
+            so a row's noise does not depend on the other rows' prompt lengths.
+        record: keep the picked tokens' log-probs (``[rows]`` float32 per step) in ``logprobs``.
+    """
+
+    def __init__(self, seeds: list[int] | None, prompt_width: int, record: bool = False):
+        self.seeds = None if seeds is None else torch.tensor(seeds, dtype=torch.int64)
+        self.prompt_width, self.record = prompt_width, record
+        self.logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        picked = scores.float()
+        if self.seeds is not None:
+            u = uniform(self.seeds.to(scores.device), input_ids.shape[1] - self.prompt_width, scores.shape[-1])
+            picked = picked - torch.log(-torch.log(u)).float()  # + Gumbel(0, 1) noise; -inf stays -inf
+        token = picked.argmax(-1, keepdim=True)
+        if self.record:
+            self.logprobs.append(scores.float().log_softmax(-1).gather(-1, token).squeeze(-1))
+        return picked
