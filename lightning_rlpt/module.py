@@ -216,7 +216,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             rollout_correction = None if self.objective.self_correcting else "token_tis"
         check_mode(rollout_correction, rollout_correction_cap)
         check_objective(self.objective, group_size=group_size, advantage_kwargs=advantage_kwargs,
-                        rollout_correction=rollout_correction, updates_per_rollout=updates_per_rollout)
+                        rollout_correction=rollout_correction, updates_per_rollout=updates_per_rollout,
+                        policy_loss_kwargs=policy_loss_kwargs)
         self.hparams.rollout_correction = rollout_correction
         self.group_size, self.kl_estimator = group_size, kl_estimator
         # The surface callbacks move and ask through (see hooks.py): knobs and requests.

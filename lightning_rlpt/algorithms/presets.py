@@ -30,6 +30,7 @@ from typing import Any
 from .advantages import ADVANTAGE_ESTIMATORS, check_estimator
 from .aggregation import check_aggregation
 from .losses import POLICY_LOSSES
+from .losses.base import MODULE_OPTIONS
 
 PRESETS: dict[str, dict[str, Any]] = {
     "grpo": dict(policy_loss="ppo_clip", advantage="grpo", loss_aggregation="seq-mean-token-mean",
@@ -96,9 +97,13 @@ def resolve_objective(objective: str, overrides: dict[str, Any]) -> Objective:
 
 
 def check_objective(objective: Objective, *, group_size: int, advantage_kwargs: dict[str, Any] | None = None,
-                    rollout_correction: str | None = None, updates_per_rollout: int = 1) -> None:
+                    rollout_correction: str | None = None, updates_per_rollout: int = 1,
+                    policy_loss_kwargs: dict[str, Any] | None = None) -> None:
     """Fail early on a selection that cannot be meaningful with the run's settings.
 
+    Option dictionaries are checked against the selected functions' signatures: a key the
+    function does not take (``{"basline": .1}``) is refused, naming the function, its options
+    and the closest one; so is a policy-loss key the module passes itself (`MODULE_OPTIONS`).
     The estimator checks its own needs (its ``group_relative`` and ``check`` traits: group size,
     passk's k, qae's quantile); what is left are pairs: a ``self_correcting`` loss
     (``decoupled_ppo``, which weights by π_prox/π_behav itself) with the module's
@@ -108,6 +113,7 @@ def check_objective(objective: Objective, *, group_size: int, advantage_kwargs: 
     """
     check_estimator(objective.advantage, group_size, advantage_kwargs)
     loss = objective.policy_loss
+    POLICY_LOSSES.check_options(loss, policy_loss_kwargs, "policy_loss_kwargs", supplied=MODULE_OPTIONS)
     if objective.self_correcting and rollout_correction is not None:
         raise ValueError(f"{loss!r} already weights each token by π_prox/π_behav; the module's "
                          f"rollout_correction={rollout_correction!r} would correct a second time. "

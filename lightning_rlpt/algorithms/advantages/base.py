@@ -5,7 +5,11 @@ Every estimator has the signature ``fn(rewards, **options) -> advantages`` where
 shape. Traits, declared at registration:
 
 - ``group_relative``: compares completions of one prompt, so it needs ``G >= 2``;
-- ``check``: ``fn(group_size, options)`` that refuses bad options before any work.
+- ``check``: ``fn(group_size, options)`` that refuses bad options before any work; ``options``
+  holds every option, the signature's defaults filled in, so a check never repeats a default.
+
+Options are the estimator's keyword parameters with defaults; ``advantage_kwargs`` naming any
+other is refused at construction (`check_estimator`), not swallowed by ``**_``.
 """
 from __future__ import annotations
 
@@ -19,7 +23,9 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", traits={"group_
 
 
 def check_estimator(name: str, group_size: int, options: dict[str, Any] | None = None) -> None:
-    """Fail early on an estimator that cannot run with this group size or these options."""
+    """Fail early on an estimator that cannot run with this group size or these options (an
+    option it does not take included)."""
+    options = ADVANTAGE_ESTIMATORS.check_options(name, options, "advantage_kwargs")
     if ADVANTAGE_ESTIMATORS.trait(name, "group_relative") and group_size < 2:
         raise ValueError(
             f"advantage estimator {name!r} compares completions within a group, so it needs "
@@ -27,7 +33,7 @@ def check_estimator(name: str, group_size: int, options: dict[str, Any] | None =
         )
     check = ADVANTAGE_ESTIMATORS.trait(name, "check")
     if check is not None:
-        check(group_size, dict(options or {}))
+        check(group_size, options)
 
 
 def compute_advantages(name: str, rewards: torch.Tensor, group_size: int, **options: object) -> torch.Tensor:

@@ -14,7 +14,7 @@ QUANTILE_METHODS = ("inverted_cdf", "linear", "lower", "higher", "midpoint", "ne
 
 
 def _check_reinforce_pp(group_size: int, options: dict) -> None:
-    if options.get("group_baseline") and group_size < 2:
+    if options["group_baseline"] and group_size < 2:
         raise ValueError("reinforce_pp with group_baseline=True subtracts a group mean, so it needs "
                          f"group_size >= 2 (got {group_size}); drop group_baseline for G = 1")
 
@@ -54,7 +54,7 @@ def group_quantile(rewards: torch.Tensor, quantile: float, method: str) -> torch
 
 
 @ADVANTAGE_ESTIMATORS.register("qae", group_relative=True,
-                               check=lambda group_size, options: check_quantile(options.get("quantile", 0.4)))
+                               check=lambda group_size, options: check_quantile(options["quantile"]))
 def qae_advantage(rewards: torch.Tensor, *, quantile: float = 0.4, method: str = "inverted_cdf",
                   scale_by_std: bool = True, eps: float = 1e-6, std_unbiased: bool = True,
                   **_: object) -> torch.Tensor:
@@ -86,7 +86,7 @@ def binary_successes(rewards: torch.Tensor, success_threshold: float | None) -> 
 
 
 def _check_passk(group_size: int, options: dict) -> None:
-    k = options.get("k", PASSK_DEFAULT_K)
+    k = options["k"]
     if not 1 <= k <= group_size:
         raise ValueError(f"passk needs 1 <= k <= group_size (got k={k}, group_size={group_size}); "
                          "set advantage_kwargs={'k': ...} or raise group_size")

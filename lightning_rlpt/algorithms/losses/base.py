@@ -8,7 +8,10 @@ Signature of every loss::
 (detached), ``advantages`` ``[N]`` or ``[N, C]``, ``mask`` ``[N, C]``. ``stats`` maps a metric
 name to a ``[N, C]`` float tensor that the module averages over the mask and logs (for example
 the clip indicators behind ``clip_ratio/low_mean``). Extra inputs a loss may need (behaviour
-log-probs, policy versions, ...) arrive as keyword options; unknown ones are ignored.
+log-probs, policy versions, ...) arrive as keyword options. The module passes every loss the
+`MODULE_OPTIONS` (a loss ignores those it does not use through ``**_``); a loss's other keyword
+parameters with defaults are its own options, set through ``policy_loss_kwargs``, which refuses
+any other key at construction (`presets.check_objective`).
 
 Traits, declared at registration:
 
@@ -27,6 +30,10 @@ POLICY_LOSSES: Registry = Registry("policy loss",
                                    traits={"self_correcting": False, "on_policy_only": False, "token_clip": False})
 
 Stats = dict[str, torch.Tensor]
+
+# What `stages.update` and `surrogate` pass to every loss; never a user's to set (a duplicate
+# keyword would fail at the first step, so ``policy_loss_kwargs`` refuses them up front).
+MODULE_OPTIONS = ("clip_low", "clip_high", "dual_clip", "staleness", "behaviour_logprobs")
 
 
 def per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
