@@ -10,29 +10,33 @@ from ..experience import Experience
 from ..padding import left_pad, right_pad
 from ..rewards import RewardFunctions, as_trl_completions
 from .engine import RolloutEngine, RolloutOutput
+from .prompt_checks import check_prompt_rows
 from .row_sampling import keyed_seed
 from .sampling import SamplingConfig
 
 
-def tokenize_prompts(tokenizer: Any, prompts: list[Any], sampling: SamplingConfig) -> tuple[list[list[int]], int]:
+def tokenize_prompts(tokenizer: Any, prompts: list[Any], sampling: SamplingConfig, indices: list[Any] | None = None,
+                     max_context: int | None = None, whole_completion: bool = True) -> tuple[list[list[int]], int]:
     """Token ids of each prompt and how many were cut (from the left) to ``max_prompt_length``.
 
     Conversational prompts (lists of ``{"role", "content"}`` dicts, as in TRL) always go through
     ``tokenizer.apply_chat_template(add_generation_prompt=True)``; string prompts do too when the
     tokenizer has a chat template and ``sampling.chat_template`` is on; the template also gets
     ``sampling.chat_template_kwargs`` (e.g. ``enable_thinking=False``). Reward functions still
-    receive the original prompts."""
+    receive the original prompts. A prompt of no tokens, or (given ``max_context``) one that leaves
+    no room for its completion, is refused naming its row: its dataset index from ``indices``
+    (`prompt_checks.check_prompt_rows`, which explains ``whole_completion``)."""
     ids = [_prompt_ids(tokenizer, p, sampling.chat_template, sampling.chat_template_kwargs) for p in prompts]
     limit = sampling.max_prompt_length
-    if limit is None:
-        return ids, 0
-    too_long = [i for i, row in enumerate(ids) if len(row) > limit]
+    too_long = [i for i, row in enumerate(ids) if limit is not None and len(row) > limit]
     if too_long and sampling.prompt_truncation == "error":
         i = too_long[0]
         raise ValueError(f"prompt {i} has {len(ids[i])} tokens, more than max_prompt_length={limit} "
                          f"({len(too_long)} such prompts in this batch): {str(prompts[i])[:80]!r}. Raise max_prompt_length "
                          "or set prompt_truncation='left' to keep the last tokens")
-    return [row[-limit:] for row in ids], len(too_long)
+    ids = [row[-limit:] for row in ids] if limit is not None else ids
+    check_prompt_rows(ids, prompts, sampling.max_new_tokens, indices, max_context, whole_completion)
+    return ids, len(too_long)
 
 
 def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool, template_kwargs: dict[str, Any] | None = None
@@ -50,16 +54,17 @@ def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool, template_kwargs
 
 def rollout(engine: RolloutEngine, tokenizer: Any, batch: dict[str, list[Any]], group_size: int,
             sampling: SamplingConfig, seed: int, device: torch.device,
-            seed_per_prompt: bool = False, check_prompts: Callable[[int, int], None] | None = None
-            ) -> tuple[Experience, int]:
+            seed_per_prompt: bool = False, check_prompts: Callable[[int, int], None] | None = None,
+            max_context: int | None = None) -> tuple[Experience, int]:
     """Sample ``group_size`` completions per prompt; returns the experience and the count of
     truncated prompts. Each row samples from its own seed (`row_seeds`); with ``seed_per_prompt``
     it comes from ``seed`` and the prompt's dataset ``index``, so samples do not depend on batch
     composition or layout.
-    ``check_prompts(longest prompt, max_new_tokens)`` may refuse the batch before generation.
+    ``check_prompts(longest prompt, max_new_tokens)`` may refuse the batch before generation, as
+    ``max_context`` refuses a prompt that leaves no room for ``max_new_tokens`` (`tokenize_prompts`).
     (Multi-turn episodes: `episodes.rollout.rollout_episodes`, same arguments.)"""
     prompts = list(batch["prompt"])
-    prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
+    prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling, batch.get("index"), max_context)
     if check_prompts is not None:
         check_prompts(max(len(row) for row in prompt_ids), sampling.max_new_tokens)
     rep = [row for row in prompt_ids for _ in range(group_size)]

@@ -51,12 +51,14 @@ class MakeExperience:
     def sample(self, batch: dict[str, list[Any]], group_size: int, sampling: Any, seed: int,
                seed_per_prompt: bool = False, check_prompts: Any = None) -> tuple[Experience, int]:
         """`collect.rollout`, or multi-turn episodes when the module has tools, an environment or
-        a ``rollout_func`` (`rollout.episodes.rollout_episodes`): training and validation alike."""
+        a ``rollout_func`` (`rollout.episodes.rollout_episodes`): training and validation alike.
+        Either refuses, before generating, a prompt of no tokens or one the context cannot hold
+        with its completion (``_max_context``): the HF engine would not."""
         args = (self.engine, self.tokenizer, batch, group_size, sampling, seed, self.device, seed_per_prompt,
                 check_prompts)
         if self.agent.active:
             return rollout_episodes(self.agent, *args, max_context=self._max_context())
-        return collect.rollout(*args)
+        return collect.rollout(*args, max_context=self._max_context())
 
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
         """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""

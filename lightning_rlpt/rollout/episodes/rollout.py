@@ -23,11 +23,14 @@ def rollout_episodes(agent: Agent, engine: RolloutEngine, tokenizer: Any, batch:
     ``completions``, columns ``completion_messages`` / ``env_reward`` for rewards, and the
     per-row episode counts in ``info`` (``turns``, ``tool_calls``, ``tool_failures``,
     ``episode_tokens``). Returns the experience and how many prompts were cut. Arguments as
-    `collect.rollout`'s; ``max_context`` bounds prompt + episode tokens (`run_episodes`)."""
+    `collect.rollout`'s; ``max_context`` bounds prompt + episode tokens (`run_episodes`), and a
+    prompt that leaves it no room, or has no tokens, is refused naming its dataset index."""
     sampling = agent.sampling(sampling)
     rows = [{k: batch[k][j] for k in batch} for j in range(len(batch["prompt"])) for _ in range(group_size)]
     envs, prompts = agent.reset(rows, [r["prompt"] for r in rows])
-    prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling)
+    indices = [r["index"] for r in rows] if "index" in batch else None
+    # The loop caps each turn to the context left, so a prompt needs room for one token, not the budget.
+    prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling, indices, max_context, whole_completion=False)
     if check_prompts is not None:
         check_prompts(max(len(row) for row in prompt_ids), sampling.max_new_tokens)
     seeds = row_seeds(batch, group_size, seed, seed_per_prompt)
