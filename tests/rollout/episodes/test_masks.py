@@ -11,9 +11,14 @@ Two tests, each of which fails if those tokens entered the loss:
    final hidden state (hence the logits) at the positions that *predict* environment tokens is exactly zero, and non-zero at
    the positions that predict model tokens: no term of the loss is the log-prob of an
    environment token.
+3. The other log-probs. The reference (KL term), old (importance ratio π/π_old) and behaviour
+   (TIS/MIS correction, token- and sequence-level) log-probs at environment positions never
+   reach the loss: any values there give a bit-identical gradient; the control (the same values
+   with the environment tokens in the mask) moves it.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -27,10 +32,10 @@ from lightning_rlpt.rollout.sampling import SamplingConfig
 ENV_PROMPT = [{"role": "user", "content": "env"}]
 
 
-def module_and_episodes(model_dir, tok):
+def module_and_episodes(model_dir, tok, **settings):
     module = RLModule(AutoModelForCausalLM.from_pretrained(model_dir), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
                       tokenizer=tok, group_size=2, use_fused_kernel=False, environment=at.CountdownEnv,
-                      generation={"max_new_tokens": 40})
+                      generation={"max_new_tokens": 40}, **settings)
     sampling = SamplingConfig(max_new_tokens=40, temperature=0.0)
     exp, _ = rollout_episodes(Agent(environment=at.CountdownEnv), module.engine, tok, {"prompt": [ENV_PROMPT]}, 2,
                               sampling, 0, torch.device("cpu"))
@@ -93,3 +98,36 @@ def test_no_loss_gradient_at_the_positions_that_predict_environment_tokens(env_m
     assert int((~mask).sum()) == 2 * 50  # two observations of 25 tokens per row
     assert torch.all(per_token[~mask] == 0)
     assert torch.all(per_token[mask] > 0)
+
+
+def with_logprobs(module, exp, field, at_env, mask_env=False):
+    """``exp`` with plausible reference, old and behaviour log-probs on model tokens (each a few
+    tenths off the policy's, so KL, ratio and correction are all active) and ``at_env`` in
+    ``field`` at every position outside the mask (environment tokens and padding)."""
+    out = exp.select([0, 1])
+    with torch.no_grad():
+        logp, _ = module.policy_logprobs(out)
+    offsets = {"ref_logprobs": -0.3, "old_logprobs": 0.2, "behaviour_logprobs": 0.1}
+    for name, offset in offsets.items():
+        setattr(out, name, logp.float() + offset * torch.linspace(-1, 1, logp.shape[1]))
+    values = getattr(out, field)
+    values[out.completion_mask == 0] = at_env
+    if mask_env:
+        out.completion_mask = torch.ones_like(out.completion_mask)
+    return out
+
+
+@pytest.mark.parametrize("field, settings", [
+    ("ref_logprobs", dict(kl_coef=0.1, rollout_correction=None)),           # the KL term
+    ("old_logprobs", dict(rollout_correction=None)),                        # the importance ratio π/π_old
+    ("behaviour_logprobs", dict(rollout_correction="token_tis")),           # per-token correction
+    ("behaviour_logprobs", dict(rollout_correction="seq_mis", rollout_correction_cap=2.0)),  # per-sequence
+])
+def test_log_probs_at_environment_positions_never_reach_the_loss(field, settings, env_model_dir, tok):
+    module, exp = module_and_episodes(env_model_dir, tok, **settings)
+    assert int((exp.completion_mask == 0).sum()) > 0
+    base = grads(module, with_logprobs(module, exp, field, -0.5))
+    assert torch.equal(base, grads(module, with_logprobs(module, exp, field, -9.0)))
+    # Control: with the environment positions in the mask, the same values move the gradient.
+    assert not torch.allclose(grads(module, with_logprobs(module, exp, field, -0.5, mask_env=True)),
+                              grads(module, with_logprobs(module, exp, field, -9.0, mask_env=True)))
