@@ -25,5 +25,6 @@ def test_akl_coefficient_matches_the_logistic_and_reaches_the_loss(warm_start_di
 
     fresh = AccuracyConditionedKL(kl_min=0.01, kl_max=0.2)
     fit(make_module(warm_start_dir), [fresh, Spy(check)], arithmetic_rows[:8], steps=2)
+    assert [hook for hook, _ in seen] == ["acc", "coef"] * 2  # both hooks fired, once per step, in order
     for (_, acc), (_, coef) in zip(seen[::2], seen[1::2]):
         assert coef == pytest.approx(0.01 + 0.19 / (1 + math.exp(-10 * (acc - 0.5))))

@@ -50,6 +50,7 @@ def test_dithering_applies_once_per_sample_and_counts_batches_not_refills(dither
     _fit(warm_start_dir, _rows(arithmetic_rows), callbacks + [watch])
     assert watch.rollouts > 3, "no refill happened: the test would not exercise refills"
     assert dither.rollouts == 3  # one decay step per training batch, however many refills
+    assert len(watch.batches) == 3  # every batch trained on is checked below
     for t, (noisy, raw, _) in enumerate(watch.batches):
         expected = dither.noise(len(noisy), dither.scale_at(t), t, 0)
         assert torch.allclose(noisy - raw, expected, atol=1e-7)  # each sample dithered exactly once
@@ -63,6 +64,7 @@ def test_dithering_result_does_not_depend_on_the_callback_order(warm_start_dir, 
         module = _fit(warm_start_dir, _rows(arithmetic_rows), callbacks + [watch])
         runs.append((watch.batches, {k: v.clone() for k, v in module.policy.state_dict().items()}))
     (b0, w0), (b1, w1) = runs
+    assert len(b0) == len(b1) == 3  # every training batch of both orders is compared
     for (n0, r0, i0), (n1, r1, i1) in zip(b0, b1):
         assert i0 == i1 and torch.equal(n0, n1) and torch.equal(r0, r1)
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
@@ -84,6 +86,7 @@ def test_akl_updates_once_per_batch_from_the_assembled_batch(akl_first, warm_sta
     _fit(warm_start_dir, _rows(arithmetic_rows), callbacks + [watch, Coef()])
     assert watch.rollouts > 3, "no refill happened"
     assert len(observed) == 3  # once per training batch, not once per refill
+    assert len(seen) == len(watch.batches) == 3  # one optimizer step per batch: every coefficient is checked
     for accuracy, coef, (_, raw, _) in zip(observed, seen, watch.batches):
         assert accuracy == pytest.approx((raw >= 0.5).float().mean().item())  # the batch trained on
         assert coef == pytest.approx(akl.coefficient(accuracy))

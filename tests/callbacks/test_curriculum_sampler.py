@@ -61,8 +61,18 @@ def test_weighted_sampler_draws_from_the_weights_and_filtering_keeps_informative
     assert len(groups) == 2 and all(groups)
     assert trainer.callback_metrics["curriculum/kept_groups"] > 0
     assert cur.sampler.snapshot.shape == (16,) and cur.sampler.snapshot_epoch is not None
+    # The next epoch draws from the weights of what was observed: the gaussian of each prompt's
+    # pass rate (unseen: the prior 0.5), floored at 0.01, by hand from the curriculum's statistics...
+    seen = {i: p for i, (p, _) in cur.stats.items()}
+    assert 0 < len(seen) < 16 and any(abs(p - 0.5) > 0.1 for p in seen.values())  # the weights are not flat
+    weights = torch.tensor([max(math.exp(-(seen.get(i, 0.5) - 0.5) ** 2 / (2 * 0.25 ** 2)), 0.01) for i in range(16)],
+                           dtype=torch.float64)
+    cur.sampler.set_epoch(1)
+    assert torch.allclose(cur.sampler.snapshot, weights, rtol=1e-12)
+    # ...and the order is the documented draw: 8 with replacement, seeded by the data seed + epoch.
     order = list(cur.sampler)
-    assert len(order) == 8 and set(order) <= set(range(16))
+    expected = torch.multinomial(weights, 8, replacement=True, generator=torch.Generator().manual_seed(7 + 1)).tolist()
+    assert order == expected
     s = WeightedEpochSampler(6, lambda: torch.tensor([0.0, 5.0, 0.0, 1.0, 0.0, 2.0]), seed=1, epoch_size=3,
                              replacement=False)
     s.set_epoch(4)

@@ -22,6 +22,7 @@ def test_dithering_noise_is_the_seeded_draw_with_the_right_statistics(distributi
     spy_before = Spy(lambda h, t, m, e: h == "rewards" and raw.append(e.rewards.clone()))
     spy_after = Spy(lambda h, t, m, e: h == "rewards" and noisy.append(e.rewards.clone()))
     fit(make_module(warm_start_dir), [spy_before, dither, spy_after], arithmetic_rows[:8], steps=2)
+    assert len(raw) == len(noisy) == 2  # the hook fired once per step on both sides of the dithering
     for t, (a, b) in enumerate(zip(raw, noisy)):
         scale = 0.1 * (1 - t / 2)
         g = seeded_generator(11, t, 0)  # keyed by (seed, rollout, rank)
