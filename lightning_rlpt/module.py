@@ -105,11 +105,12 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         rollout_logprobs: the built-in HF engine also reports the sampling (behaviour)
             log-probs (callbacks and losses that need them ask for them themselves:
             ``ESSScaledLR``, ``decoupled_ppo``); vLLM engines always report them.
-        tools / max_turns / tool_timeout / tool_parser / environment / rollout_func: multi-turn
-            episodes (`rollout.episodes.Agent`, docs/agents.md): tool functions, model turns per
-            episode (default 10 with tools or an environment), seconds per tool call, the
-            tool-call parser (Hermes ``<tool_call>`` by default), an environment factory, or a
-            ``rollout_func`` replacing the loop. Tool/environment tokens stay out of the loss.
+        tools / max_turns / tool_timeout / tool_max_chars / tool_parser / environment / rollout_func:
+            multi-turn episodes (`rollout.episodes.Agent`, docs/agents.md): tool functions, model turns
+            per episode (default 10 with tools or an environment), seconds per tool call, characters
+            of a tool result the model reads (default 10,000; None: no cap), the tool-call parser
+            (Hermes ``<tool_call>`` by default), an environment factory, or a ``rollout_func``
+            replacing the loop. Tool/environment tokens stay out of the loss.
         reference: force (True) or forbid (False) a reference model; None: when ``kl_coef > 0``.
         reference_dtype / reference_offload: a full-FT reference in e.g. ``"bfloat16"`` / on CPU between forwards.
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
@@ -186,6 +187,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         tools: Any = None,
         max_turns: int | None = None,
         tool_timeout: float = 10.0,
+        tool_max_chars: int | None = 10_000,
         tool_parser: Any = None,
         environment: Any = None,
         rollout_func: Any = None,
@@ -233,7 +235,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         if self.sampling.temperature <= 0:
             raise ValueError("training rollouts must sample: generation temperature must be > 0")
         self.tokenizer = load_tokenizer(model, tokenizer)
-        self.agent = Agent(tools, max_turns, tool_timeout, tool_parser, environment, rollout_func)
+        self.agent = Agent(tools, max_turns, tool_timeout, tool_parser, environment, rollout_func, tool_max_chars)
         self.agent.check(self.tokenizer)  # a template without tool support fails here, before any rollout
         self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
                                   gradient_checkpointing=gradient_checkpointing, seed=seed)

@@ -74,7 +74,7 @@ class MakeExperience:
             self._log_dict(self._episode_metrics(exp), sync=False)
 
     def _episode_metrics(self, exp: Experience) -> dict[str, float]:
-        keys = ("turns", "tool_calls", "tool_failures", "episode_tokens")
+        keys = ("turns", "tool_calls", "tool_failures", "tool_truncations", "episode_tokens")
         parts = [exp.info[k] for k in keys] + [exp.completion_mask.sum(1)]
         if self.trainer.world_size > 1:
             parts = [g.flatten(0, 1) for g in self.all_gather(parts)]

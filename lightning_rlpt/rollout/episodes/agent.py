@@ -13,7 +13,7 @@ from .episode import Episode, episode_metrics
 from .environment import check_reset, make_environment
 from .loop import run_episodes
 from .parsing import as_parser
-from .tools import ToolBox
+from .tools import DEFAULT_MAX_CHARS, ToolBox
 
 DEFAULT_MAX_TURNS = 10
 
@@ -25,6 +25,10 @@ class Agent:
         tools: Python functions (type hints + docstring) or ``Tool`` objects, or a ``ToolBox``.
         max_turns: model turns per episode at most; None: 10 with tools or an environment.
         tool_timeout: seconds a tool call may take before it is abandoned (a failed call).
+        tool_max_chars: characters of a tool result the model reads back (default 10,000); a
+            longer one is cut in the middle, with a note, and counted in
+            ``tools/truncation_frequency``. None: no cap. Both apply to tools given as functions;
+            a ``ToolBox`` keeps its own.
         tool_parser: ``parse(text) -> ParsedTurn`` object or callable; None: Hermes ``<tool_call>``.
         environment: a class or zero-argument callable giving a fresh environment per episode
             (``reset(row) -> str``, ``step(text) -> (observation, reward, done)``).
@@ -38,8 +42,9 @@ class Agent:
 
     def __init__(self, tools: Any = None, max_turns: int | None = None, tool_timeout: float = 10.0,
                  tool_parser: Any = None, environment: Callable[[], Any] | None = None,
-                 rollout_func: Callable[..., list[Episode]] | None = None):
-        self.toolbox = _toolbox(tools, tool_timeout)
+                 rollout_func: Callable[..., list[Episode]] | None = None,
+                 tool_max_chars: int | None = DEFAULT_MAX_CHARS):
+        self.toolbox = _toolbox(tools, tool_timeout, tool_max_chars)
         self.environment, self.rollout_func, self.parser = environment, rollout_func, as_parser(tool_parser)
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
             raise ValueError(f"max_turns must be an int >= 1 (got {max_turns!r}): the model turns an episode may take")
@@ -111,18 +116,19 @@ def episode_info(episodes: list[Episode]) -> dict[str, torch.Tensor]:
         return torch.tensor(values, dtype=torch.long)
     return {"turns": t([e.turns for e in episodes]), "tool_calls": t([e.tool_calls for e in episodes]),
             "tool_failures": t([e.tool_failures for e in episodes]),
+            "tool_truncations": t([e.tool_truncations for e in episodes]),
             "episode_tokens": t([len(e.completion_ids) for e in episodes])}
 
 
 def info_metrics(info: dict[str, torch.Tensor], model_tokens: torch.Tensor) -> dict[str, float]:
     """`episode_metrics` from an experience's ``info`` and its completion mask's row sums."""
     return episode_metrics(info["turns"].tolist(), info["tool_calls"].tolist(), info["tool_failures"].tolist(),
-                           model_tokens.tolist(), info["episode_tokens"].tolist())
+                           model_tokens.tolist(), info["episode_tokens"].tolist(), info["tool_truncations"].tolist())
 
 
-def _toolbox(tools: Any, timeout: float) -> Any:
+def _toolbox(tools: Any, timeout: float, max_chars: int | None) -> Any:
     if tools is None or (isinstance(tools, (list, tuple)) and not tools):
         return None
     if hasattr(tools, "call") and hasattr(tools, "schemas"):
         return tools
-    return ToolBox(list(tools), timeout=timeout)
+    return ToolBox(list(tools), timeout=timeout, max_chars=max_chars)

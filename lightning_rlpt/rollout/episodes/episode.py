@@ -21,6 +21,7 @@ class Episode:
         turns: model turns taken.
         tool_calls: tool calls parsed (malformed ones included).
         tool_failures: calls that failed (malformed, unknown tool, bad arguments, raised, timed out).
+        tool_truncations: tool results cut to the toolbox's ``max_chars``.
         truncated: the episode stopped on a budget (``max_new_tokens`` of model tokens, or the
             context length) rather than by the model answering, the environment finishing or
             ``max_turns``.
@@ -40,6 +41,7 @@ class Episode:
     turns: int = 0
     tool_calls: int = 0
     tool_failures: int = 0
+    tool_truncations: int = 0
     truncated: bool = False
     env_reward: float | None = None
 
@@ -60,11 +62,12 @@ class Episode:
 
 
 def episode_metrics(turns: list[int], calls: list[int], failures: list[int], model_tokens: list[int],
-                    tokens: list[int]) -> dict[str, float]:
+                    tokens: list[int], truncations: list[int] | None = None) -> dict[str, float]:
     """TRL's names for a batch of episodes (pass values gathered from every rank).
 
     ``tools/call_frequency``: tool calls per episode; ``tools/failure_frequency``: failed calls
-    per call (0 without calls); ``turns/mean`` / ``turns/max``: model turns per episode;
+    per call (0 without calls); ``tools/truncation_frequency``: results cut to the toolbox's
+    ``max_chars`` per call (0 without calls); ``turns/mean`` / ``turns/max``: model turns per episode;
     ``completions/model_token_fraction``: model tokens over all completion tokens of the batch.
 
     Example:
@@ -75,6 +78,7 @@ def episode_metrics(turns: list[int], calls: list[int], failures: list[int], mod
     return {
         "tools/call_frequency": total_calls / n,
         "tools/failure_frequency": sum(failures) / total_calls if total_calls else 0.0,
+        "tools/truncation_frequency": sum(truncations or []) / total_calls if total_calls else 0.0,
         "turns/mean": sum(turns) / n,
         "turns/max": float(max(turns, default=0)),
         "completions/model_token_fraction": sum(model_tokens) / max(sum(tokens), 1),

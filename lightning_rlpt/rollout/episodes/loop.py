@@ -149,6 +149,7 @@ def _tool_messages(ep: Episode, parsed: Any, tools: Any, run: bool) -> list[dict
     for call in calls:
         result = tools.call(call)
         ep.tool_failures += int(result.failed)
+        ep.tool_truncations += int(getattr(result, "truncated", False))  # a duck-typed result may not say
         out.append({"role": "tool", "name": call.name, "content": result.content})
     out += [{"role": "tool", "content": f"error: {e}"} for e in errors]
     return out

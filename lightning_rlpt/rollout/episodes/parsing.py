@@ -4,14 +4,18 @@ default `HermesToolParser` (Qwen2.5/Qwen3/Hermes chat templates).
 A parser never raises for the model's mistakes: a call it cannot read becomes an entry in
 `ParsedTurn.errors`, which the episode loop feeds back to the model as a failed tool message
 (and counts in ``tools/failure_frequency``), so the model learns the format instead of the run
-crashing.
+crashing. That includes JSON Python itself refuses: an integer past its 4,300-digit limit
+(``ValueError``) and nesting past the recursion limit (``RecursionError``).
 """
 from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union, runtime_checkable
+
+MAX_DEPTH = 100  # nesting levels a tool argument may have (`tools.check_arguments`): far from the recursion limit
 
 
 @dataclass
@@ -61,7 +65,7 @@ class HermesToolParser:
     the Hermes and Qwen2.5/Qwen3 chat templates. Several calls per turn are allowed.
 
     An unclosed ``<tool_call>`` (the turn stopped mid-call) is an error, as are JSON that does
-    not parse, a value that is not an object, a missing or non-string ``name``, and
+    not parse (a 5,000-digit integer and 1,000-deep nesting included), a value that is not an object, a missing or non-string ``name``, and
     ``arguments`` that are not an object. ``arguments`` given as a JSON *string* holding an
     object (some models write that) is accepted and decoded.
 
@@ -99,23 +103,43 @@ class HermesToolParser:
     def _decode(self, body: str, i: int) -> ToolCall | str:
         """The call in one block, or the error message (a string) saying what was wrong."""
         fmt = f'write {self.start}{{"name": "<tool>", "arguments": {{...}}}}{self.end}'
-        try:
-            value = json.loads(body)
-        except json.JSONDecodeError as err:
-            return f"tool call {i} is not valid JSON ({err}); {fmt}"
+        value, problem = loads(body)
+        if problem:
+            return f"tool call {i} {problem}; {fmt}"
         if not isinstance(value, dict):
             return f"tool call {i} is a JSON {type(value).__name__}, not an object; {fmt}"
         name, arguments = value.get("name"), value.get("arguments", {})
         if not isinstance(name, str) or not name:
             return f'tool call {i} has no "name" string; {fmt}'
         if isinstance(arguments, str):  # some models JSON-encode the arguments twice
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
+            decoded, problem = loads(arguments)
+            if problem:
+                return f'tool call {i} ({name[:50]}): "arguments" is a string that {problem}; {fmt}'
+            arguments = decoded if isinstance(decoded, dict) else arguments
         if not isinstance(arguments, dict):
-            return f'tool call {i} ({name}): "arguments" must be a JSON object, got {type(arguments).__name__}; {fmt}'
+            return (f'tool call {i} ({name[:50]}): "arguments" must be a JSON object, got {type(arguments).__name__}; '
+                    f"{fmt}")
         return ToolCall(name, arguments)
+
+
+def loads(text: str) -> tuple[Any, str | None]:
+    """``(json.loads(text), None)``, or ``(None, what was wrong)`` for text the model wrote:
+    invalid JSON, an integer past Python's digit limit (``ValueError``), nesting past the
+    recursion limit (``RecursionError``). Never raises.
+
+    Example:
+        >>> loads('{"a": 1}'), loads("[" * 100_000)[1]
+        (({'a': 1}, None), 'is nested too deeply to read (nest at most 100 levels)')
+    """
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as err:
+        return None, f"is not valid JSON ({err})"
+    except ValueError:  # int(...) of more digits than sys.get_int_max_str_digits()
+        return None, (f"has an integer of more than {sys.get_int_max_str_digits()} digits, which cannot be read "
+                      "(write it as a string)")
+    except RecursionError:
+        return None, f"is nested too deeply to read (nest at most {MAX_DEPTH} levels)"
 
 
 def as_parser(parser: ParserLike | None) -> ToolParser:

@@ -12,6 +12,12 @@ What a tool returns: a ``str`` is used as is; any other JSON-serialisable value 
 bool, None, list, dict) is sent as ``json.dumps(value)`` (so ``42`` reads ``42``, ``None``
 reads ``null``); anything else (an object, bytes, a set, NaN) is a failed call, because its
 ``repr`` would be an unstable, unlearnable string.
+
+What the model reads back is capped: a result (or error) longer than ``max_chars`` keeps its
+first and last halves of ``max_chars`` characters around a note saying how much was cut, and
+counts in ``tools/truncation_frequency`` (an 8 MB result took 26-48 s to tokenize, and would fill
+any context). Arguments nested more than ``parsing.MAX_DEPTH`` levels are a failed call, not a
+``RecursionError``.
 """
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ from typing import Any, Callable, Iterable, Sequence, Union
 from transformers.utils import get_json_schema
 
 from lightning_rlpt.rewards.calling import in_background
-from lightning_rlpt.rollout.episodes.parsing import ToolCall
+from lightning_rlpt.rollout.episodes.parsing import MAX_DEPTH, ToolCall
+
+DEFAULT_MAX_CHARS = 10_000  # characters of a tool result the model reads (~2,500 tokens)
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
     # bool is an int subclass in Python but not a JSON integer/number: true for "a: int" is wrong.
@@ -45,10 +53,13 @@ class ToolResult:
     Args:
         content: the text of the ``tool`` message (``"error: ..."`` when ``failed``).
         failed: True for a model mistake or a tool failure (counted in ``tools/failure_frequency``).
+        truncated: True when ``content`` was cut to the toolbox's ``max_chars`` (counted in
+            ``tools/truncation_frequency``).
     """
 
     content: str
     failed: bool = False
+    truncated: bool = False
 
 
 @dataclass
@@ -111,6 +122,9 @@ class ToolBox:
     Args:
         tools: functions (or `Tool`) with type hints and docstrings; names must be unique.
         timeout: seconds a call may take before it counts as failed; None for no limit.
+        max_chars: characters of a result the model reads back (default 10,000, about 2,500
+            tokens); a longer one keeps its first and last ``max_chars / 2`` characters around a
+            note saying how many were cut (`truncate`). None: no cap.
 
     Example:
         >>> def add(a: int, b: int) -> int:
@@ -123,12 +137,13 @@ class ToolBox:
         ...     return a + b
         >>> box = ToolBox([add], timeout=1.0)
         >>> box.names, box.call(ToolCall("add", {"a": 2, "b": 3}))
-        (['add'], ToolResult(content='5', failed=False))
+        (['add'], ToolResult(content='5', failed=False, truncated=False))
         >>> print(box.call(ToolCall("add", {"a": "2", "b": 3})).content)
         error: add: argument 'a' must be integer, got string "2"
     """
 
-    def __init__(self, tools: Iterable[Union[Callable[..., Any], Tool]], timeout: float | None = 10.0):
+    def __init__(self, tools: Iterable[Union[Callable[..., Any], Tool]], timeout: float | None = 10.0,
+                 max_chars: int | None = DEFAULT_MAX_CHARS):
         self.tools = [Tool.from_function(t) for t in tools]
         if not self.tools:
             raise ValueError("tools is empty; give at least one function, or tools=None for no tools")
@@ -138,7 +153,10 @@ class ToolBox:
             raise ValueError(f"tool names must be unique, {duplicates} appear more than once; rename the functions")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"tool timeout must be > 0 seconds or None, got {timeout}")
-        self.timeout = timeout
+        if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1):
+            raise ValueError(f"tool_max_chars must be an int >= 1 (characters of a tool result the model reads) or "
+                             f"None for no cap, got {max_chars!r}")
+        self.timeout, self.max_chars = timeout, max_chars
         self._by_name = dict(zip(names, self.tools))
 
     @property
@@ -151,11 +169,17 @@ class ToolBox:
         return [t.schema for t in self.tools]
 
     def call(self, call: ToolCall) -> ToolResult:
-        """Run one call; never raises for the model's or the tool's mistakes.
+        """Run one call; never raises for the model's or the tool's mistakes. The content is cut
+        to ``max_chars`` (`truncate`).
 
         Args:
             call: the parsed call.
         """
+        result = self._run(call)
+        content, cut = truncate(result.content, self.max_chars)
+        return ToolResult(content, result.failed, cut)
+
+    def _run(self, call: ToolCall) -> ToolResult:
         tool = self._by_name.get(call.name)
         if tool is None:
             return _failure(f"unknown tool {call.name!r}; the tools are {self.names}")
@@ -172,13 +196,30 @@ class ToolBox:
         return to_content(call.name, future.result())
 
 
+def truncate(text: str, max_chars: int | None) -> tuple[str, bool]:
+    """``(text, False)`` when it fits in ``max_chars``; else its first and last halves of
+    ``max_chars`` around a note the model reads, and True.
+
+    Example:
+        >>> truncate("0123456789", 4)
+        ('01\\n[... 6 characters of the tool result cut here: it is kept to its first 2 and last 2 ...]\\n89', True)
+    """
+    if max_chars is None or len(text) <= max_chars:
+        return text, False
+    tail = max_chars // 2
+    head = max_chars - tail
+    note = (f"\n[... {len(text) - max_chars} characters of the tool result cut here: it is kept to its first {head} "
+            f"and last {tail} ...]\n")
+    return text[:head] + note + (text[-tail:] if tail else ""), True
+
+
 def to_content(name: str, value: Any) -> ToolResult:
     """A tool's return value as message text: str as is, other JSON values via ``json.dumps``,
     anything else a failure (see the module docstring).
 
     Example:
         >>> to_content("f", [1, 2]), to_content("f", {1, 2}).failed
-        (ToolResult(content='[1, 2]', failed=False), True)
+        (ToolResult(content='[1, 2]', failed=False, truncated=False), True)
     """
     if isinstance(value, str):
         return ToolResult(value)
@@ -192,8 +233,9 @@ def to_content(name: str, value: Any) -> ToolResult:
 def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> str | None:
     """What is wrong with ``arguments`` for a function schema's ``parameters``, or None.
 
-    Checks unknown and missing arguments and JSON types (``"2"`` for an integer is wrong:
-    no coercion, so the model learns to write the type the schema says).
+    Checks unknown and missing arguments, nesting (at most ``MAX_DEPTH`` levels: deeper would
+    reach the recursion limit here or in the tool) and JSON types (``"2"`` for an integer is
+    wrong: no coercion, so the model learns to write the type the schema says).
 
     Example:
         >>> params = {"properties": {"x": {"type": "integer"}}, "required": ["x"]}
@@ -208,10 +250,29 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
         if key not in arguments:
             return f"missing argument {key!r}"
     for key, value in arguments.items():
+        depth = nesting_depth(value)
+        if depth > MAX_DEPTH:
+            return f"argument {key!r} is nested {depth} levels deep; at most {MAX_DEPTH} are accepted"
         problem = _check_value(value, properties[key])
         if problem:
             return f"argument {key!r} {problem}"
     return None
+
+
+def nesting_depth(value: Any) -> int:
+    """Levels of lists/dicts in ``value``, counted without recursion (so any depth is safe).
+
+    Example:
+        >>> nesting_depth(3), nesting_depth([1, {"a": [2]}])
+        (0, 3)
+    """
+    depth, level = 0, [value]
+    while True:
+        level = [v for v in level if isinstance(v, (list, tuple, dict))]
+        if not level:
+            return depth
+        depth += 1
+        level = [item for v in level for item in (v.values() if isinstance(v, dict) else v)]
 
 
 def _check_value(value: Any, spec: dict[str, Any]) -> str | None:

@@ -42,8 +42,8 @@ def test_environment_episode_masks_and_metrics(env_model_dir, tok):
     assert (exp.behaviour_logprobs[0][torch.tensor(mask) == 0] == 0).all()
     assert exp.completions[0] == "a7user\nleft: 2assistant\nbuser\nleft: 1assistant\nc7"
     metrics = info_metrics(exp.info, exp.completion_mask.sum(1))
-    assert metrics == {"tools/call_frequency": 0.0, "tools/failure_frequency": 0.0, "turns/mean": 3.0,
-                       "turns/max": 3.0, "completions/model_token_fraction": 8 / 58}
+    assert metrics == {"tools/call_frequency": 0.0, "tools/failure_frequency": 0.0, "tools/truncation_frequency": 0.0,
+                       "turns/mean": 3.0, "turns/max": 3.0, "completions/model_token_fraction": 8 / 58}
 
 
 def test_model_token_budget_counts_only_model_tokens(env_model_dir, tok):

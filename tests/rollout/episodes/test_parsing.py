@@ -68,3 +68,28 @@ def test_parser_plug_ins():
         as_parser(HermesToolParser)
     with pytest.raises(TypeError, match="tool_parser must have a parse"):
         as_parser(3)
+
+
+BIG = "9" * 5000  # past Python's 4,300-digit limit: json.loads raises ValueError (not JSONDecodeError)
+TOO_DEEP = "[" * 1000 + "]" * 1000  # past the recursion limit: json.loads raises RecursionError
+DIGITS = "has an integer of more than 4300 digits, which cannot be read (write it as a string)"
+DEEP = "is nested too deeply to read (nest at most 100 levels)"
+
+
+@pytest.mark.parametrize("body, says", [
+    ('{"name": "f", "arguments": {"a": %s}}' % BIG, f"tool call 1 {DIGITS}"),
+    ('{"name": "f", "arguments": {"a": %s}}' % TOO_DEEP, f"tool call 1 {DEEP}"),
+    ('{"name": "f", "arguments": %s}' % ("[" * 100_000 + "]" * 100_000), f"tool call 1 {DEEP}"),
+    ('{"name": "f", "arguments": "{\\"a\\": %s}"}' % BIG, f'tool call 1 (f): "arguments" is a string that {DIGITS}'),
+    ('{"name": "f", "arguments": "{\\"a\\": %s}"}' % TOO_DEEP, f'tool call 1 (f): "arguments" is a string that {DEEP}'),
+])
+def test_json_python_cannot_read_is_an_error_not_an_exception(body, says):
+    """These escaped as ValueError / RecursionError and ended the run."""
+    turn = parse(f'<tool_call>{body}</tool_call><tool_call>{{"name": "g", "arguments": {{}}}}</tool_call>')
+    assert turn.calls == [ToolCall("g", {})] and len(turn.errors) == 1  # the good call after it is still read
+    assert turn.errors[0].startswith(says + '; write <tool_call>{"name": "<tool>"')
+
+
+def test_a_long_name_is_shortened_in_the_error():
+    turn = parse('<tool_call>{"name": "%s", "arguments": [1]}</tool_call>' % ("f" * 100_000))
+    assert turn.errors[0].startswith(f'tool call 1 ({"f" * 50}): "arguments" must be a JSON object, got list')

@@ -156,3 +156,68 @@ def test_non_string_returns_json_or_failure():
         assert contents[key] == ToolResult(
             f"error: get returned a {kind}, which is neither a string nor JSON (the tool must return str or a "
             "JSON-serialisable value)", failed=True)
+
+
+def count(xs: list) -> int:
+    """Count items.
+
+    Args:
+        xs: the items, of any kind.
+    """
+    return len(xs)
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_a_deeply_nested_argument_is_a_failed_call_not_a_recursion_error():
+    """A 500-deep list for ``xs: list`` (items unchecked by type, so checked level by level) used
+    to raise RecursionError out of ToolBox.call; 100 levels are accepted."""
+    box = ToolBox([count])
+    assert box.call(ToolCall("count", {"xs": _nested(500)})) == ToolResult(
+        "error: count: argument 'xs' is nested 500 levels deep; at most 100 are accepted", failed=True)
+    assert box.call(ToolCall("count", {"xs": [{"a": _nested(200)}]})).content.startswith(
+        "error: count: argument 'xs' is nested 202 levels deep")
+    assert box.call(ToolCall("count", {"xs": _nested(100)})) == ToolResult("1")
+
+
+def loud(n: int, fail: bool) -> str:
+    """Print a lot.
+
+    Args:
+        n: how many characters.
+        fail: raise instead of returning them.
+    """
+    text = "<" + "x" * (n - 2) + ">"
+    if fail:
+        raise ValueError(text)
+    return text
+
+
+def test_a_long_result_is_cut_in_the_middle_with_a_note_the_model_reads():
+    box = ToolBox([loud], max_chars=100)
+    result = box.call(ToolCall("loud", {"n": 5000, "fail": False}))
+    assert result == ToolResult("<" + "x" * 49 + "\n[... 4900 characters of the tool result cut here: it is kept to "
+                                "its first 50 and last 50 ...]\n" + "x" * 49 + ">", failed=False, truncated=True)
+    error = box.call(ToolCall("loud", {"n": 5000, "fail": True}))  # an error message is capped too
+    assert error.failed and error.truncated and error.content.startswith("error: loud raised ValueError: <xxx")
+    assert error.content.endswith("xx>") and len(error.content) < 200
+    assert box.call(ToolCall("loud", {"n": 100, "fail": False})) == ToolResult("<" + "x" * 98 + ">")  # fits exactly
+
+
+def test_the_default_cap_is_10000_characters_and_none_lifts_it():
+    eight_mb = ToolCall("loud", {"n": 8_000_000, "fail": False})
+    capped = ToolBox([loud]).call(eight_mb)
+    assert capped.truncated and capped.content.startswith("<" + "x" * 4999 + "\n[... 7990000 characters")
+    assert len(capped.content) < 10_200
+    assert ToolBox([loud], max_chars=None).call(eight_mb) == ToolResult("<" + "x" * 7_999_998 + ">")
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True])
+def test_tool_max_chars_must_be_a_positive_int_or_none(bad):
+    with pytest.raises(ValueError, match=rf"tool_max_chars must be an int >= 1 .* or None for no cap, got {bad}"):
+        ToolBox([multiply], max_chars=bad)
