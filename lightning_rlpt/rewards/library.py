@@ -11,8 +11,8 @@
 - `LengthPenalty` (``length.py``): Kimi k1.5's length reward within each group, from +0.5 for the
   shortest correct completion to −0.5 for the longest; ``rewards/length/...``.
 - `CodeExecutionReward` (``code.py``): the fraction of the row's tests the completion's Python
-  code passes, run in a subprocess with a timeout, a memory limit and no network;
-  ``rewards/code/...``.
+  code passes, run under bubblewrap against assert-style or stdin/stdout tests, the verdict
+  decided outside the code's process; ``rewards/code/...``.
 
 All are callable classes rather than closures so they pickle (dataloader workers, spawned
 processes), and all accept completions as strings or as TRL's conversational lists of messages.

@@ -12,7 +12,6 @@ import lightning_rlpt.callbacks  # noqa: E402  (installed from callbacks/ and ke
 import lightning_rlpt.kernels  # noqa: E402
 
 SKIP = {
-    "lightning_rlpt.rewards.sandbox_child",  # a program run as a script, not imported
     # Its examples need TRITON_INTERPRET=1 set before triton is imported (or a GPU):
     # tests/kernels/test_kernels_triton.py runs them in such a subprocess.
     "lightning_rlpt.kernels.triton_logprobs",
