@@ -19,8 +19,10 @@ import torch
 from transformers import LogitsProcessor
 
 _MASK32 = 0xFFFFFFFF
-# Chris Wellons' "lowbias32" integer hash (https://nullprogram.com/blog/2018/07/31/).
-_MUL_A, _MUL_B = 0x7FEB352D, 0x846CA68B
+# An improved "lowbias32" integer hash from Chris Wellons' hash prospector
+# (https://github.com/skeeto/hash-prospector): both multipliers are below 2**31, so a 32-bit
+# value times one stays below 2**63 and int64 arithmetic is exact on every device (no overflow).
+_MUL_A, _MUL_B = 0x21F0AAAD, 0x735A2D97
 
 
 def keyed_seed(*key: int) -> int:
@@ -52,34 +54,41 @@ def request_seeds(seed: int | list[int], n: int) -> list[int]:
     return [next(streams[int(s)]) for s in seed]
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """``x * c mod 2**32`` for ``0 <= x < 2**32`` in int64 without overflow (16-bit halves of ``c``)."""
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
-
-
 def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32: a bijective 32-bit avalanche (every input bit flips each output bit with p ~ 1/2)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, _MUL_A)
-    x = x ^ (x >> 15)
-    x = _mul32(x, _MUL_B)
-    return x ^ (x >> 16)
+    """A bijective 32-bit avalanche of ``0 <= x < 2**32`` (int64), in place: every input bit
+    flips each output bit with probability close to 1/2."""
+    x ^= x >> 16
+    x.mul_(_MUL_A).bitwise_and_(_MASK32)
+    x ^= x >> 15
+    x.mul_(_MUL_B).bitwise_and_(_MASK32)
+    x ^= x >> 15
+    return x
 
 
-def uniform(seeds: torch.Tensor, step: int, vocab: int) -> torch.Tensor:
+def row_keys(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """``[rows]`` 32-bit keys of (row seed in [0, 2**62), ``step``): three chained mixes."""
+    key = _mix32(seeds & _MASK32)
+    key = _mix32(key ^ ((seeds >> 32) & _MASK32))
+    return _mix32(key ^ (step & _MASK32))
+
+
+def token_keys(vocab: int, device: torch.device) -> torch.Tensor:
+    """``[vocab]`` 32-bit keys of the token ids (computed once per call, then xor-ed with each row's key)."""
+    return _mix32(torch.arange(vocab, device=device, dtype=torch.int64))
+
+
+def uniform(seeds: torch.Tensor, step: int, vocab: int, tokens: torch.Tensor | None = None) -> torch.Tensor:
     """``[rows, vocab]`` float64 uniforms in (0, 1): a hash of (row seed, ``step``, token id).
 
     Args:
         seeds: ``[rows]`` int64 seeds in [0, 2**62).
         step: the decoding step (the completion token's index).
         vocab: how many token ids.
+        tokens: `token_keys` of ``vocab`` when already computed.
     """
-    key = _mix32(seeds & _MASK32)
-    key = _mix32(key ^ ((seeds >> 32) & _MASK32))
-    key = _mix32(key ^ (step & _MASK32))
-    tokens = _mix32(torch.arange(vocab, device=seeds.device, dtype=torch.int64))
-    bits = _mix32(_mix32(key.unsqueeze(1) ^ tokens.unsqueeze(0)))
-    return (bits.double() + 0.5) / 2**32
+    tokens = token_keys(vocab, seeds.device) if tokens is None else tokens
+    bits = _mix32(row_keys(seeds, step).unsqueeze(1) ^ tokens.unsqueeze(0))
+    return bits.double().add_(0.5).div_(2**32)
 
 
 class RowSampler(LogitsProcessor):
@@ -102,12 +111,17 @@ class RowSampler(LogitsProcessor):
         self.seeds = None if seeds is None else torch.tensor(seeds, dtype=torch.int64)
         self.prompt_width, self.record = prompt_width, record
         self.logprobs: list[torch.Tensor] = []
+        self._tokens: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         picked = scores.float()
         if self.seeds is not None:
-            u = uniform(self.seeds.to(scores.device), input_ids.shape[1] - self.prompt_width, scores.shape[-1])
-            picked = picked - torch.log(-torch.log(u)).float()  # + Gumbel(0, 1) noise; -inf stays -inf
+            if self._tokens is None or len(self._tokens) != scores.shape[-1]:
+                self._tokens = token_keys(scores.shape[-1], scores.device)
+            self.seeds = self.seeds.to(scores.device)
+            u = uniform(self.seeds, input_ids.shape[1] - self.prompt_width, scores.shape[-1], self._tokens)
+            gumbel = u.log_().neg_().log_().neg_()  # -log(-log u): Gumbel(0, 1)
+            picked = picked + gumbel.float()  # -inf (a token the warpers removed) stays -inf
         token = picked.argmax(-1, keepdim=True)
         if self.record:
             self.logprobs.append(scores.float().log_softmax(-1).gather(-1, token).squeeze(-1))
