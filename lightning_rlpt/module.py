@@ -15,6 +15,7 @@ from .algorithms.entropy_mask import check_top_entropy_quantile
 from .algorithms.kl import KL_ESTIMATORS
 from .algorithms.presets import check_objective, resolve_objective
 from .batching import MicroBatching
+from .checkpoint import check_resume_overrides, load_state, rollout_stream, save_state
 from .data import collate_prompts
 from .experience import Experience
 from .hooks import RLHookCaller
@@ -120,11 +121,14 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
             themselves (``decoupled_ppo``). ``rollout_correction_cap`` is its cap. The weights
             multiply the policy-gradient term only (as TRL and verl);
             ``rollout_correction_kl=True`` weights the KL term too (see `algorithms.surrogate`).
-        seed: seeds the rollout sampling stream (checkpointed) and the LoRA initialisation.
+        seed: seeds the LoRA initialisation and the rollout seeds, which each rank draws its own
+            (`checkpoint.rollout_stream`).
         seed_per_prompt: derive each prompt's sampling seed from the rollout seed and the
             prompt's dataset index, so completions do not depend on how prompts are batched or
             spread over ranks (every engine samples each row from its own seed). A prompt drawn
             twice in one batch gets two independent groups.
+        resume_overrides / checkpoint_checksums: settings (`checkpoint.ALGORITHM_KEYS`) a resumed
+            fit may change (others must match the checkpoint's); write and verify a CRC32 per tensor.
 
     Example:
         >>> module = RLModule("path/to/model", reward_funcs=[my_reward], objective="grpo", group_size=8)  # doctest: +SKIP
@@ -191,6 +195,8 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         tool_parser: Any = None,
         environment: Any = None,
         rollout_func: Any = None,
+        resume_overrides: Sequence[str] = (),
+        checkpoint_checksums: bool = True,
     ):
         super().__init__()
         check_model_source(model)
@@ -221,6 +227,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
                         rollout_correction=rollout_correction, updates_per_rollout=updates_per_rollout,
                         policy_loss_kwargs=policy_loss_kwargs)
         self.hparams.rollout_correction = rollout_correction
+        self.hparams.resume_overrides = check_resume_overrides(resume_overrides)
         self.group_size, self.kl_estimator = group_size, kl_estimator
         # The surface callbacks move and ask through (see hooks.py): knobs and requests.
         self.knobs = Knobs(self.objective.kl_coef, self.objective.clip_low, self.objective.clip_high)
@@ -250,7 +257,7 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         self.reference = build_reference(self.policy, self.use_reference, reference_dtype, reference_offload)
         self.rollout_engine: RolloutEngine | None = None
         self.policy_version = 0
-        self.rng = torch.Generator().manual_seed(seed)
+        self.rng, self.rollout_draws = torch.Generator().manual_seed(seed), 0  # see _next_seed
         self.timer = StepTimer()
         ks = sorted(set(val_pass_k or ([1, val_samples] if val_samples > 1 else [1])))
         if max(ks) > val_samples:
@@ -360,17 +367,16 @@ class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["lightning_rlpt"] = {"rng": self.rng.get_state(), "policy_version": self.policy_version,
-                                        "knobs": self.knobs.state_dict(), "model_source": self.model_source}
+        save_state(self, checkpoint)  # see lightning_rlpt.checkpoint
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("lightning_rlpt")
-        if state:
-            self.rng.set_state(state["rng"])
-            self.policy_version = state["policy_version"]
-            self.knobs.load_state_dict(state.get("knobs", state))  # older checkpoints kept the knobs at the top
+        load_state(self, checkpoint)  # refuses a checkpoint without our state, other settings or corrupted tensors
 
     def _next_seed(self) -> int:
+        """The next rollout seed, from (seed, rank, draw count) alone (`checkpoint.rollout_stream`);
+        the mini-batch shuffle (``self.rng``) continues that generator."""
+        rank = 0 if self.hparams.seed_per_prompt else self.global_rank  # seed_per_prompt: the prompt index keys
+        self.rng, self.rollout_draws = rollout_stream(self.hparams.seed, rank, self.rollout_draws), self.rollout_draws + 1
         return int(torch.randint(0, 2**62, (1,), generator=self.rng).item())
 
     # ---------------------------------------------------------------- validation

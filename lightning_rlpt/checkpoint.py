@@ -1,0 +1,159 @@
+"""What `RLModule` adds to a Lightning checkpoint, and the checks that refuse to resume from the
+wrong one (docs/cli.md, "Resuming a run").
+
+``checkpoint["lightning_rlpt"]`` holds:
+
+- the run's state: ``policy_version``, ``rollout_draws`` (how many rollout seeds were drawn: the
+  stream is a function of seed, rank and this count, see `rollout_stream`), the ``knobs``
+  and ``model_source``. A fit resumed from a checkpoint without it is refused: it would restart
+  the policy version at 0 and replay the rollout stream from its start;
+- ``algorithm``: the settings that change what is trained (`ALGORITHM_KEYS`). A fit resumed
+  under other values is refused, naming each (saved vs now), unless ``RLModule(resume_overrides=
+  (...))`` names it: then the run continues under the new value on purpose;
+- ``checksums``: the CRC32 of every tensor of the module's ``state_dict`` as written (with
+  ``checkpoint_checksums=True``, the default; about 4 GB/s, see benchmarks/checkpoint_checksum.py),
+  verified at every load: a tensor whose bytes changed on disk is refused by name. Sharded
+  (FSDP2 / DCP) tensors are not covered: each rank holds only its shard.
+
+Validation and ``load_from_checkpoint`` only need weights, so the first two checks apply when
+fitting; the checksums are verified whenever a checkpoint is loaded.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+# The settings that define the algorithm: a resume must not change them silently. Memory caps
+# (micro-batches, padding-free), logging, validation and the optimizer (whose state Lightning
+# restores anyway) are left out: they do not change what is trained.
+ALGORITHM_KEYS = ("policy_loss", "advantage", "loss_aggregation", "clip_low", "clip_high", "dual_clip", "kl_coef",
+                  "kl_estimator", "group_size", "advantage_kwargs", "policy_loss_kwargs", "rollout_correction",
+                  "rollout_correction_cap", "rollout_correction_kl", "updates_per_rollout", "minibatch_size", "mask_truncated_completions",
+                  "top_entropy_quantile", "seed", "seed_per_prompt", "generation", "reward_funcs", "reward_weights")
+MEMORY_ONLY = ("max_batch_rows",)  # generation settings that change no completion (each row has its own seed)
+
+
+def rollout_stream(seed: int, rank: int, draw: int) -> torch.Generator:
+    """The generator of a rank's ``draw``-th rollout seed: a function of its keys alone, so ranks
+    sample their own completions and a resume restores only the count (rank 0 writes the
+    checkpoint, for every rank). `RLModule` keys every rank as 0 under ``seed_per_prompt``,
+    whose seeds the prompt's dataset index keys (completions then do not depend on the rank)."""
+    key = np.random.SeedSequence((seed % 2**63, rank, draw)).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(key) >> 1)
+
+
+def check_resume_overrides(names: Iterable[str]) -> tuple[str, ...]:
+    """``resume_overrides`` as a tuple, every name one of `ALGORITHM_KEYS`."""
+    names = (names,) if isinstance(names, str) else tuple(names or ())
+    unknown = [n for n in names if n not in ALGORITHM_KEYS]
+    if unknown:
+        raise ValueError(f"resume_overrides names {unknown}, which are not compared at resume; "
+                         f"compared: {', '.join(ALGORITHM_KEYS)}")
+    return names
+
+
+def algorithm_settings(module: Any) -> dict[str, Any]:
+    """The module's values of `ALGORITHM_KEYS` (the objective's clip ranges and KL coefficient
+    are the starting values: callbacks may move the knobs, which are restored separately)."""
+    hp = module.hparams
+    values = {**module.objective.to_dict(), "kl_estimator": module.kl_estimator, "group_size": module.group_size,
+              "advantage_kwargs": dict(module.advantage_kwargs), "policy_loss_kwargs": dict(module.policy_loss_kwargs),
+              "generation": {k: v for k, v in module.sampling.to_dict().items() if k not in MEMORY_ONLY},
+              "reward_funcs": list(module.rewards.names),
+              "reward_weights": module.rewards.weights.tolist()}
+    values.update({k: hp.get(k) for k in ALGORITHM_KEYS if k not in values})
+    return values
+
+
+def tensor_checksums(state_dict: dict[str, Any]) -> dict[str, int]:
+    """CRC32 of each full tensor's bytes (sharded DTensors are skipped: a rank holds a shard).
+    Tensors run in parallel threads (zlib releases the GIL); a tensor shared under two names
+    (tied embeddings) is read once."""
+    tensors = {name: t for name, t in state_dict.items() if isinstance(t, torch.Tensor) and not hasattr(t, "full_tensor")}
+    views = {name: (t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for name, t in tensors.items()}
+    first = {view: name for name, view in reversed(list(views.items()))}  # one name per distinct view
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        crcs = dict(zip(first.values(), pool.map(_crc32, (tensors[n] for n in first.values()))))
+    return {name: crcs[first[view]] for name, view in views.items()}
+
+
+def _crc32(tensor: torch.Tensor) -> int:
+    data = tensor.detach().cpu().contiguous().reshape(-1)
+    return zlib.crc32(data.view(torch.uint8).numpy()) if data.numel() else 0
+
+
+def save_state(module: Any, checkpoint: dict[str, Any]) -> None:
+    """`RLModule.on_save_checkpoint`: add ``checkpoint["lightning_rlpt"]``."""
+    checksums = tensor_checksums(checkpoint.get("state_dict") or {}) if module.hparams.checkpoint_checksums else None
+    checkpoint["lightning_rlpt"] = {
+        "policy_version": module.policy_version, "rollout_draws": module.rollout_draws,
+        "knobs": module.knobs.state_dict(), "model_source": module.model_source,
+        "algorithm": algorithm_settings(module), "checksums": checksums}
+
+
+def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
+    """`RLModule.on_load_checkpoint`: check the checkpoint (see the module docstring), then restore."""
+    trainer = module._trainer
+    fitting = trainer is not None and trainer.state.fn == "fit"
+    verify_checksums((checkpoint.get("lightning_rlpt") or {}).get("checksums"), checkpoint.get("state_dict") or {})
+    state = checkpoint.get("lightning_rlpt")
+    if not state:
+        if fitting:
+            raise ValueError(missing_state_message(getattr(trainer, "ckpt_path", None)))
+        return
+    if fitting:
+        compare_algorithm(state.get("algorithm"), algorithm_settings(module), module.hparams.resume_overrides)
+    older = [key for key in ("rollout_draws", "algorithm", "checksums") if key not in state]
+    if older:
+        warnings.warn(f"this checkpoint was written by an older lightning_rlpt and lacks {older}: settings and "
+                      "tensors are not checked, and the rollout stream continues from its policy version instead "
+                      "of where the run left it", stacklevel=2)
+    module.policy_version = state["policy_version"]
+    module.rollout_draws = state.get("rollout_draws", state["policy_version"])
+    module.knobs.load_state_dict(state.get("knobs", state))  # older checkpoints kept the knobs at the top
+
+
+def compare_algorithm(saved: dict[str, Any] | None, now: dict[str, Any], overrides: Iterable[str]) -> None:
+    """Refuse to continue under settings other than the saved ones, naming each (``overrides`` excepted)."""
+    changed = [f"{key}: saved {saved[key]!r}, now {now[key]!r}" for key in now
+               if saved is not None and key in saved and key not in overrides and not _same(saved[key], now[key])]
+    if changed:
+        keys = tuple(line.split(":")[0] for line in changed)
+        raise ValueError("this checkpoint was trained with other settings than this RLModule's, and resuming would "
+                         "silently switch to the new ones: " + "; ".join(changed) + ". Build the module with the "
+                         f"saved values, or pass RLModule(resume_overrides={keys!r}) to continue under the new ones")
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (RuntimeError, ValueError, TypeError):  # tensors inside option dicts: compare what they print
+        return repr(a) == repr(b)
+
+
+def verify_checksums(saved: dict[str, int] | None, state_dict: dict[str, Any]) -> None:
+    """Refuse tensors whose bytes no longer give the CRC32 written at save, naming them."""
+    if not saved:
+        return
+    now = tensor_checksums({name: state_dict.get(name) for name in saved})
+    bad = [name for name, crc in saved.items() if name in now and now[name] != crc]
+    if bad:
+        raise ValueError(f"checkpoint tensor(s) {bad[:5]}{' and more' if len(bad) > 5 else ''} do not match the "
+                         "checksum written when the checkpoint was saved: the file was corrupted (disk, copy or "
+                         "transfer). Copy it again from its source or resume from an earlier checkpoint")
+
+
+def missing_state_message(path: str | None) -> str:
+    where = repr(path) if path else "this checkpoint"
+    return (f"{where} has no 'lightning_rlpt' state (policy version, rollout stream, knobs, settings): it was not "
+            "saved from an RLModule, or that entry was removed, so resuming would restart the policy version at 0 "
+            "and replay the rollout stream from its start. To start a new run from its weights instead, drop "
+            "ckpt_path and load them first: module.load_state_dict(torch.load(path, weights_only=False)"
+            "['state_dict']); or pass a model directory as RLModule(model=...) (`lightning_rlpt.model.export."
+            "export_checkpoint` writes one from an RLModule checkpoint)")

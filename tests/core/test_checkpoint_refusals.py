@@ -1,0 +1,91 @@
+"""Issue 23 item 12: a fit refuses to resume from the wrong checkpoint (`lightning_rlpt.checkpoint`):
+one without the module's state, one trained with other settings (unless overridden by name),
+and one with a corrupted tensor."""
+import os
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import tiny_task as task
+from conftest import quiet_trainer
+from lightning_rlpt import PromptDataModule, RLModule
+from lightning_rlpt.checkpoint import ALGORITHM_KEYS
+
+
+def make_module(warm_start_dir, **overrides):
+    settings = dict(reward_funcs=[task.exact_answer], group_size=4, kl_coef=0.0, lr=1e-3, seed=5,
+                    generation=dict(max_new_tokens=4, max_prompt_length=8))
+    return RLModule(warm_start_dir, **{**settings, **overrides})
+
+
+def fit(module, rows, steps: int, ckpt_path=None, dirpath=None):
+    callbacks = [ModelCheckpoint(dirpath=dirpath, filename="ckpt", every_n_train_steps=1)] if dirpath else []
+    trainer = quiet_trainer(max_steps=steps, callbacks=callbacks, enable_checkpointing=bool(dirpath))
+    trainer.fit(module, datamodule=PromptDataModule(rows, batch_size=2, seed=7), ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def checkpoint(warm_start_dir, arithmetic_rows, tmp_path_factory) -> str:
+    """One step of a fit (group_size 4, grpo, seed 5), checkpointed by ModelCheckpoint."""
+    out = tmp_path_factory.mktemp("ckpt")
+    fit(make_module(warm_start_dir), arithmetic_rows, 1, dirpath=str(out))
+    return str(out / "ckpt.ckpt")
+
+
+def rewrite(checkpoint: str, path, change) -> str:
+    state = torch.load(checkpoint, weights_only=False)
+    change(state)
+    torch.save(state, path)
+    return str(path)
+
+
+def test_checkpoint_records_every_compared_setting(checkpoint):
+    state = torch.load(checkpoint, weights_only=False)["lightning_rlpt"]
+    assert sorted(state["algorithm"]) == sorted(ALGORITHM_KEYS)
+    assert state["algorithm"]["group_size"] == 4 and state["rollout_draws"] == 1
+    assert set(state["checksums"]) == set(torch.load(checkpoint, weights_only=False)["state_dict"])
+
+
+def test_a_checkpoint_without_the_module_state_is_refused(checkpoint, warm_start_dir, arithmetic_rows, tmp_path):
+    path = rewrite(checkpoint, tmp_path / "bare.ckpt", lambda s: s.pop("lightning_rlpt"))
+    with pytest.raises(ValueError, match=r"has no 'lightning_rlpt' state .*policy version at 0.*load_state_dict"):
+        fit(make_module(warm_start_dir), arithmetic_rows, 2, ckpt_path=path)
+
+
+def test_other_settings_are_refused_naming_each_unless_overridden(checkpoint, warm_start_dir, arithmetic_rows):
+    changed = dict(group_size=2, advantage="rloo")
+    with pytest.raises(ValueError) as err:
+        fit(make_module(warm_start_dir, **changed), arithmetic_rows, 2, ckpt_path=checkpoint)
+    message = str(err.value)
+    assert "advantage: saved 'grpo', now 'rloo'" in message and "group_size: saved 4, now 2" in message
+    assert "resume_overrides=('advantage', 'group_size')" in message
+    module = make_module(warm_start_dir, resume_overrides=("group_size", "advantage"), **changed)
+    fit(module, arithmetic_rows, 2, ckpt_path=checkpoint)  # overridden on purpose: the run goes on
+    assert module.policy_version == 2 and module.rollout_draws == 2
+
+
+def test_unknown_resume_override_is_refused_at_construction(warm_start_dir):
+    with pytest.raises(ValueError, match=r"resume_overrides names \['group_sise'\].*group_size"):
+        make_module(warm_start_dir, resume_overrides=("group_sise",))
+
+
+def flip_4kib_inside(checkpoint: str, path, name: str) -> str:
+    """Copy ``checkpoint`` with 4 KiB of ``name``'s bytes inverted in the file itself."""
+    tensor = torch.load(checkpoint, weights_only=False)["state_dict"][name]
+    data, raw = open(checkpoint, "rb").read(), tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    assert len(raw) >= 8192 and data.count(raw[:256]) == 1, "the tensor's bytes are not where the test looks"
+    start = data.index(raw[:256]) + 1024
+    corrupted = data[:start] + bytes(b ^ 0xFF for b in data[start:start + 4096]) + data[start + 4096:]
+    with open(path, "wb") as f:
+        f.write(corrupted)
+    assert not torch.equal(torch.load(path, weights_only=False)["state_dict"][name], tensor)  # it loads, silently
+    return str(path)
+
+
+def test_a_corrupted_tensor_is_refused_by_name(checkpoint, warm_start_dir, arithmetic_rows, tmp_path):
+    name = "policy.model.layers.1.mlp.down_proj.weight"
+    path = flip_4kib_inside(checkpoint, tmp_path / "corrupt.ckpt", name)
+    with pytest.raises(ValueError, match=rf"\['{name}'\] do not match the checksum"):
+        fit(make_module(warm_start_dir), arithmetic_rows, 2, ckpt_path=path)
