@@ -11,7 +11,7 @@ wrong one (docs/cli.md, "Resuming a run").
   under other values is refused, naming each (saved vs now), unless ``RLModule(resume_overrides=
   (...))`` names it: then the run continues under the new value on purpose;
 - ``checksums``: the CRC32 of every tensor of the module's ``state_dict`` as written (with
-  ``checkpoint_checksums=True``, the default; about 4 GB/s, see benchmarks/checkpoint_checksum.py),
+  ``checkpoint_checksums=True``, the default; 3 GB/s on 2 cores, benchmarks/checkpoint_checksum.py),
   verified at every load: a tensor whose bytes changed on disk is refused by name. Sharded
   (FSDP2 / DCP) tensors are not covered: each rank holds only its shard.
 
