@@ -89,3 +89,19 @@ def test_a_corrupted_tensor_is_refused_by_name(checkpoint, warm_start_dir, arith
     path = flip_4kib_inside(checkpoint, tmp_path / "corrupt.ckpt", name)
     with pytest.raises(ValueError, match=rf"\['{name}'\] do not match the checksum"):
         fit(make_module(warm_start_dir), arithmetic_rows, 2, ckpt_path=path)
+
+
+def test_a_checkpoint_from_before_the_checks_resumes_with_a_warning(checkpoint, warm_start_dir, arithmetic_rows,
+                                                                     tmp_path):
+    """Written before the checks existed: its RNG state instead of the draw count, no settings, no checksums."""
+    def older(state):
+        ours = state["lightning_rlpt"]
+        for key in ("rollout_draws", "algorithm", "checksums"):
+            ours.pop(key)
+        ours["rng"] = torch.Generator().get_state()
+
+    path = rewrite(checkpoint, tmp_path / "older.ckpt", older)
+    module = make_module(warm_start_dir, group_size=2)  # not compared: the checkpoint records no settings
+    with pytest.warns(UserWarning, match=r"older lightning_rlpt and lacks \['rollout_draws', 'algorithm', 'checksums'\]"):
+        fit(module, arithmetic_rows, 2, ckpt_path=path)
+    assert module.policy_version == 2 and module.rollout_draws == 2  # the stream went on from policy_version 1
