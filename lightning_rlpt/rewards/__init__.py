@@ -6,6 +6,7 @@ from .http import HTTPReward
 from .library import (CodeExecutionReward, FormatReward, LengthPenalty, MathAnswerReward, SoftOverlongPunishment,
                       format_reward, math_answer_reward, soft_overlong_punishment, think_format_reward)
 from .model import RewardModel
+from .remote_code import RemoteCodeReward
 from .state import TrainerState
 
 __all__ = ["CodeExecutionReward", "FormatReward", "HTTPReward", "LengthPenalty", "MathAnswerReward", "RewardError",

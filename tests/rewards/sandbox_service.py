@@ -1,0 +1,137 @@
+"""A small code-execution service for the tests, speaking SandboxFusion's ``run_code`` API: a
+stdlib ``ThreadingHTTPServer`` on 127.0.0.1, run as a subprocess (``python sandbox_service.py``
+prints its port), plus `running_service`, which starts it and stops it by pid.
+
+``execute`` is the one place that runs code (a plain subprocess with a wall-clock limit and an
+address-space limit, its whole session killed at the end); a real sandbox replaces it there.
+
+POST paths (the body is a run_code request):
+    /run_code                 runs the code (language "python" only); so does any path not
+                              below, so that a test can count its own requests (/log)
+    /slow/run_code            sleeps 3 s, then as /run_code
+    /flaky/run_code           HTTP 503 for its first two requests, then as /run_code
+    /sandbox_error/run_code   {"status": "SandboxError", ...}
+    /garbage/run_code         a body that is not JSON
+    /wrong_schema/run_code    JSON without "status" / "run_result"
+    /huge/run_code            4 MiB of text that is not JSON
+    /redirect/run_code        HTTP 302 to /redirected/run_code
+GET /log: every request body received so far, as [{"path", "body"}].
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from reward_server import fetch_log, stop  # noqa: F401 - fetch_log: GET /log, as for the reward server
+
+LOG: list[dict] = []
+LOCK = threading.Lock()
+
+
+def execute(code: str, stdin: str | None, run_timeout: float, memory_mb: int) -> dict:
+    """Run Python ``code`` once; a run_code ``run_result``."""
+    def limit() -> None:  # in the child, before exec
+        if memory_mb > 0:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+
+    with tempfile.TemporaryDirectory() as work:
+        with open(os.path.join(work, "main.py"), "w") as f:
+            f.write(code)
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-I", "main.py"], cwd=work, env={}, start_new_session=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=limit)
+        try:
+            out, err = proc.communicate((stdin or "").encode(), timeout=run_timeout)
+            status = "Finished"
+        except subprocess.TimeoutExpired:
+            out, err, status = b"", b"", "TimeLimitExceeded"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the run's whole session, grandchildren too
+            proc.wait()
+    return {"status": status, "execution_time": time.monotonic() - start,
+            "return_code": proc.returncode if status == "Finished" else None,
+            "stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
+
+
+def run_code(request: dict) -> dict:
+    """The run_code response for one request."""
+    if request.get("language") != "python":
+        return {"status": "SandboxError", "message": f"language {request.get('language')!r} is not served here",
+                "compile_result": None, "run_result": None}
+    result = execute(request["code"], request.get("stdin"), request.get("run_timeout", 10),
+                     request.get("memory_limit_MB", -1))
+    ok = result["status"] == "Finished" and result["return_code"] == 0
+    return {"status": "Success" if ok else "Failed", "message": "", "compile_result": None, "run_result": result,
+            "executor_pod_name": None, "files": {}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _answer(self, status: int, payload, headers: dict | None = None) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        for key, value in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        with LOCK:
+            self._answer(200, LOG)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with LOCK:
+            count = sum(1 for e in LOG if e["path"] == self.path)
+            LOG.append({"path": self.path, "body": body})
+        if self.path == "/slow/run_code":
+            time.sleep(3)
+        if self.path == "/flaky/run_code" and count < 2:
+            return self._answer(503, {"detail": "warming up"})
+        canned = {"/sandbox_error/run_code": {"status": "SandboxError", "message": "runner died", "run_result": None},
+                  "/garbage/run_code": b"<html>502 Bad Gateway</html>",
+                  "/wrong_schema/run_code": {"result": "ok"},
+                  "/huge/run_code": b"x" * (4 << 20)}
+        if self.path in canned:
+            return self._answer(200, canned[self.path])
+        if self.path == "/redirect/run_code":
+            return self._answer(302, b"", {"Location": "/redirected/run_code"})
+        self._answer(200, run_code(body))
+
+
+@contextlib.contextmanager
+def running_service(timeout: float = 20.0):
+    """Start this file as a subprocess; yield ``(base_url, process)``; stop it by pid at the end."""
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__)))
+    try:
+        port = [None]
+        reader = threading.Thread(target=lambda: port.__setitem__(0, proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not (port[0] or "").strip().isdigit():
+            raise RuntimeError(f"sandbox service did not start within {timeout} s (got {port[0]!r})")
+        yield f"http://127.0.0.1:{int(port[0])}", proc
+    finally:
+        stop(proc)
+
+
+if __name__ == "__main__":
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
