@@ -2,13 +2,14 @@
 stdlib ``ThreadingHTTPServer`` on 127.0.0.1, run as a subprocess (``python sandbox_service.py``
 prints its port), plus `running_service`, which starts it and stops it by pid.
 
-``execute`` is the one place that runs code (a plain subprocess with a wall-clock limit and an
-address-space limit, its whole session killed at the end); a real sandbox replaces it there.
+``execute`` is the one place that runs code: `lightning_rlpt.rewards.sandbox.run_program`, the
+project's own local sandbox.
 
 POST paths (the body is a run_code request):
     /run_code                 runs the code (language "python" only); so does any path not
                               below, so that a test can count its own requests (/log)
     /slow/run_code            sleeps 3 s, then as /run_code
+    /die/run_code             the service exits with the request unanswered
     /flaky/run_code           HTTP 503 for its first two requests, then as /run_code
     /sandbox_error/run_code   {"status": "SandboxError", ...}
     /garbage/run_code         a body that is not JSON
@@ -22,15 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
-import signal
+import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from lightning_rlpt.rewards.sandbox import Limits, run_program
 from reward_server import fetch_log, stop  # noqa: F401 - fetch_log: GET /log, as for the reward server
 
 LOG: list[dict] = []
@@ -38,30 +38,16 @@ LOCK = threading.Lock()
 
 
 def execute(code: str, stdin: str | None, run_timeout: float, memory_mb: int) -> dict:
-    """Run Python ``code`` once; a run_code ``run_result``."""
-    def limit() -> None:  # in the child, before exec
-        if memory_mb > 0:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-
-    with tempfile.TemporaryDirectory() as work:
-        with open(os.path.join(work, "main.py"), "w") as f:
-            f.write(code)
-        start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-I", "main.py"], cwd=work, env={}, start_new_session=True,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=limit)
-        try:
-            out, err = proc.communicate((stdin or "").encode(), timeout=run_timeout)
-            status = "Finished"
-        except subprocess.TimeoutExpired:
-            out, err, status = b"", b"", "TimeLimitExceeded"
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the run's whole session, grandchildren too
-            proc.wait()
-    return {"status": status, "execution_time": time.monotonic() - start,
-            "return_code": proc.returncode if status == "Finished" else None,
-            "stdout": out.decode("utf-8", "replace"), "stderr": err.decode("utf-8", "replace")}
+    """Run Python ``code`` once in the project's local sandbox (bubblewrap where installed, as a
+    real service would sandbox it; rlimits only elsewhere); a run_code ``run_result``. Output is
+    read up to 8 MiB, past the clients' caps the tests exercise."""
+    limits = Limits(timeout=run_timeout, memory_mb=memory_mb if memory_mb > 0 else 1024, max_output_mb=8.0)
+    start = time.monotonic()
+    result = run_program(code, stdin or "", limits, sandbox="bwrap" if shutil.which("bwrap") else "local-unsafe")
+    timed_out = result.status == "timeout"
+    code_ = 0 if result.status == "ok" else int(result.status.split()[1]) if result.status.startswith("exit ") else 1
+    return {"status": "TimeLimitExceeded" if timed_out else "Finished", "execution_time": time.monotonic() - start,
+            "return_code": None if timed_out else code_, "stdout": result.stdout, "stderr": result.stderr}
 
 
 def run_code(request: dict) -> dict:
@@ -100,6 +86,8 @@ class Handler(BaseHTTPRequestHandler):
             LOG.append({"path": self.path, "body": body})
         if self.path == "/slow/run_code":
             time.sleep(3)
+        if self.path == "/die/run_code":
+            os._exit(1)  # a service that dies with the request in flight
         if self.path == "/flaky/run_code" and count < 2:
             return self._answer(503, {"detail": "warming up"})
         canned = {"/sandbox_error/run_code": {"status": "SandboxError", "message": "runner died", "run_result": None},

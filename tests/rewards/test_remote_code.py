@@ -3,6 +3,7 @@ subprocess speaking SandboxFusion's run_code API, stopped by pid): scores, the f
 it refuses, and a service that is down, slow, or answers garbage."""
 import asyncio
 import builtins
+import shutil
 import time
 
 import pytest
@@ -156,13 +157,23 @@ def test_service_down_is_unavailable_never_a_score():
     assert scores.tolist() == [[0.0], [0.0]] and failures == {"remote_code": 2}
 
 
-def test_a_completion_that_kills_the_service_gets_no_score():
-    killer = ("import os, signal\nwith open('/proc/%d/fd/1' % os.getppid(), 'w') as out:\n"
-              "    out.write('{\"status\": \"Success\"}\\n')\nos.kill(os.getppid(), signal.SIGKILL)")
+KILLER = ("import os, signal\nwith open('/proc/%d/fd/1' % os.getppid(), 'w') as out:\n"
+          "    out.write('{\"status\": \"Success\"}\\n')\nos.kill(os.getppid(), signal.SIGKILL)")
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the test service sandboxes with bubblewrap (make install)")
+def test_a_completion_that_tries_to_kill_the_service_scores_zero(service):
+    """The service's own sandbox (here the project's bubblewrap one) keeps the service out of reach:
+    the forged line and the kill fail, and the run counts as failed, never as a pass."""
+    reward = RemoteCodeReward(service + "/run_code", retries=1, backoff=0.05, timeout=5)
+    assert score(reward, [KILLER], [TESTS]) == [0.0]
+
+
+def test_a_service_that_dies_mid_request_gets_no_score():
     with running_service() as (url, proc):
-        reward = RemoteCodeReward(url + "/run_code", retries=1, backoff=0.05, timeout=5)
+        reward = RemoteCodeReward(url + "/die/run_code", retries=1, backoff=0.05, timeout=5)
         with pytest.raises(RewardUnavailable, match=r"failed 2 attempt\(s\)"):
-            score(reward, [killer], [TESTS])
+            score(reward, [KILLER], [TESTS])
         assert proc.wait(timeout=5) is not None
 
 
