@@ -7,8 +7,8 @@ from .experience import Experience
 from .hooks import RLCallback
 from .knobs import Knobs, Requests
 from .module import RLModule
-from .rewards import (CodeExecutionReward, FormatReward, HTTPReward, LengthPenalty, MathAnswerReward, RewardError,
-                      RewardFunctions, RewardModel, SoftOverlongPunishment, format_reward, math_answer_reward,
+from .rewards import (CodeExecutionReward, FormatReward, HTTPReward, LengthPenalty, MathAnswerReward, RemoteCodeReward,
+                      RewardError, RewardFunctions, RewardModel, SoftOverlongPunishment, format_reward, math_answer_reward,
                       soft_overlong_punishment, think_format_reward)
 from .rollout import HFGenerateEngine, RolloutEngine, RolloutOutput, SamplingConfig
 
@@ -20,5 +20,5 @@ __all__ = [
     "MathAnswerReward", "POLICY_LOSSES", "PRESETS", "PromptDataModule", "PromptDataset", "RLCallback", "RLModule",
     "Requests", "RewardError", "RewardFunctions", "RewardModel", "RolloutEngine", "RolloutOutput", "SamplingConfig",
     "SoftOverlongPunishment", "aggregate_loss", "compute_advantages", "format_reward", "math_answer_reward",
-    "soft_overlong_punishment", "CodeExecutionReward", "LengthPenalty", "think_format_reward",
+    "soft_overlong_punishment", "CodeExecutionReward", "LengthPenalty", "RemoteCodeReward", "think_format_reward",
 ]

@@ -9,7 +9,7 @@ from .model import RewardModel
 from .remote_code import RemoteCodeReward
 from .state import TrainerState
 
-__all__ = ["CodeExecutionReward", "FormatReward", "HTTPReward", "LengthPenalty", "MathAnswerReward", "RewardError",
-           "RewardFunctions", "RewardModel", "RewardTimeout", "RewardUnavailable", "SoftOverlongPunishment",
+__all__ = ["CodeExecutionReward", "FormatReward", "HTTPReward", "LengthPenalty", "MathAnswerReward", "RemoteCodeReward",
+           "RewardError", "RewardFunctions", "RewardModel", "RewardTimeout", "RewardUnavailable", "SoftOverlongPunishment",
            "TrainerState", "as_trl_completions", "format_reward", "math_answer_reward", "soft_overlong_punishment",
            "think_format_reward"]
