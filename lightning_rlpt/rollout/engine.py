@@ -43,7 +43,8 @@ class RolloutEngine:
     policy_version: int = 0
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int | list[int]) -> RolloutOutput:
-        """``seed`` is one seed for the call, or one per row (rows sharing a seed are sampled together)."""
+        """``seed`` is one seed for the call, or one per row; every engine turns it into one seed per
+        row (`row_sampling.request_seeds`) and samples each row from its own seed alone."""
         raise NotImplementedError
 
     def sync_weights(self, weights: WeightSource, version: int, force: bool = False) -> None:
