@@ -21,8 +21,8 @@ checkpointing off and on:
 
 Both sides: GRPO loss (``loss_type="grpo"``), β = 0 (no reference, no old-policy forward: a
 single on-policy pass), lr 1e-6, grad-norm clip 1, temperature 1, dropout off, HF ``generate``
-(TRL generates the whole rollout in one call; ``RLModule``'s HF engine cuts generation to the
-cap too). Rewards: a pseudo-random function of the completion's ids (non-zero advantages).
+(both generate the whole rollout in one call: since per-row sampling, ``RLModule``'s training caps
+no longer cut generation; ``generation=dict(max_batch_rows=...)`` is generation's own cap). Rewards: a pseudo-random function of the completion's ids (non-zero advantages).
 
 Method. Each run is its own process and runs two optimizer steps. The first is a cheap warm-up
 (same rollout shape, but one-digit prompts: 2 tokens each): it allocates AdamW's state, which

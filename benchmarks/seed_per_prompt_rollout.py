@@ -12,6 +12,11 @@ wide, head_dim 64, a 32,000-token vocabulary), 8 prompts of 32 random tokens × 
 steadier figure on a shared machine); the time is one ``engine.generate`` call after a warm-up.
 
     python benchmarks/seed_per_prompt_rollout.py --before 13e697e --reps 3   # ~5 minutes on 2 CPU cores
+    python benchmarks/seed_per_prompt_rollout.py --default-seeds --reps 5    # the default path's cost
+
+``--default-seeds`` measures the default rollout (``seed_per_prompt=False``) instead: before, one
+call sampling from one torch stream (``softmax`` + ``multinomial``); after, one call through the
+per-row Gumbel-max sampler. Both are one call, so the difference is the sampler's own cost.
 
 Writes ``benchmarks/results/seed_per_prompt_rollout.json`` and prints a markdown table.
 """
@@ -32,8 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def worker(prompts: int, group: int, new_tokens: int) -> float:
-    """Seconds of one seed_per_prompt rollout with the ``lightning_rlpt`` on ``sys.path``."""
+def worker(prompts: int, group: int, new_tokens: int, per_prompt: bool = True) -> float:
+    """Seconds of one rollout (``seed_per_prompt`` or not) with the ``lightning_rlpt`` on ``sys.path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -52,8 +57,8 @@ def worker(prompts: int, group: int, new_tokens: int) -> float:
     batch = {"prompt": [str(i) for i in range(prompts)], "index": list(range(prompts))}
     rep = [row for row in rows for _ in range(group)]
     sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0)
-    seeds = collect.row_seeds(batch, group, 0, True)
-    engine.generate(rep[:group], SamplingConfig(max_new_tokens=2), seeds[:group])  # warm-up
+    seeds = collect.row_seeds(batch, group, 0, per_prompt)
+    engine.generate(rep[:group], SamplingConfig(max_new_tokens=2), seeds[:group] if isinstance(seeds, list) else seeds)  # warm-up
     start = time.perf_counter()
     out = engine.generate(rep, sampling, seeds)
     seconds = time.perf_counter() - start
@@ -75,7 +80,7 @@ def extract(commit: str, into: str) -> str:
 def run(tree: str, args: argparse.Namespace) -> float:
     env = {**os.environ, "PYTHONPATH": tree}
     cmd = [sys.executable, __file__, "--worker", "--prompts", str(args.prompts), "--group", str(args.group),
-           "--new-tokens", str(args.new_tokens)]
+           "--new-tokens", str(args.new_tokens)] + (["--default-seeds"] if args.default_seeds else [])
     out = subprocess.run(cmd, env=env, cwd=tree, check=True, capture_output=True, text=True).stdout
     return float(out.strip().splitlines()[-1])
 
@@ -88,10 +93,13 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--out", default=os.path.join(HERE, "results", "seed_per_prompt_rollout.json"))
+    p.add_argument("--default-seeds", action="store_true", help="seed_per_prompt=False: the sampler's own cost")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.default_seeds and args.out == p.get_default("out"):
+        args.out = os.path.join(HERE, "results", "hf_default_rollout.json")
     if args.worker:
-        print(worker(args.prompts, args.group, args.new_tokens))
+        print(worker(args.prompts, args.group, args.new_tokens, per_prompt=not args.default_seeds))
         return
     times: dict[str, list[float]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as old:
@@ -101,7 +109,7 @@ def main() -> None:
                 times[name].append(run(tree, args))
     medians = {k: statistics.median(v) for k, v in times.items()}
     paired = [b / a for b, a in zip(times["before"], times["after"])]  # each rep's two runs ran back to back
-    result = dict(before_commit=args.before, prompts=args.prompts, group=args.group, new_tokens=args.new_tokens,
+    result = dict(before_commit=args.before, seed_per_prompt=not args.default_seeds, prompts=args.prompts, group=args.group, new_tokens=args.new_tokens,
                   seconds=times, median_s=medians, speedup=medians["before"] / medians["after"],
                   paired_speedups=paired, load_average_after=os.getloadavg(),
                   machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
@@ -110,8 +118,9 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print("| HF engine, seed_per_prompt=True | generate calls | median s | runs |\n|---|---:|---:|---:|")
-    print(f"| before ({args.before}): group by group | {args.prompts} | {medians['before']:.2f} | {args.reps} |")
+    calls, how = (1, "one torch stream") if args.default_seeds else (args.prompts, "group by group")
+    print(f"| HF engine, seed_per_prompt={not args.default_seeds} | generate calls | median s | runs |\n|---|---:|---:|---:|")
+    print(f"| before ({args.before}): {how} | {calls} | {medians['before']:.2f} | {args.reps} |")
     print(f"| after: per-row seeds, one call | 1 | {medians['after']:.2f} | {args.reps} |")
     print(f"speed-up {result['speedup']:.2f}x (paired: {', '.join(f'{r:.2f}' for r in paired)})")
 

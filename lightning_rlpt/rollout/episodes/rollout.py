@@ -33,9 +33,7 @@ def rollout_episodes(agent: Agent, engine: RolloutEngine, tokenizer: Any, batch:
     prompt_ids, cut = tokenize_prompts(tokenizer, prompts, sampling, indices, max_context, whole_completion=False)
     if check_prompts is not None:
         check_prompts(max(len(row) for row in prompt_ids), sampling.max_new_tokens)
-    seeds = row_seeds(batch, group_size, seed, seed_per_prompt)
-    if isinstance(seeds, int):  # one seed per row, so each row's turns follow its own stream
-        seeds = [(seeds * 1_000_003 + 104_729 * (j // group_size)) % 2**62 for j in range(len(rows))]
+    seeds = row_seeds(batch, group_size, seed, seed_per_prompt)  # one per row: each row's turns follow its own stream
     episodes = agent.run(engine, tokenizer, prompt_ids, prompts, sampling, seeds, envs, max_context)
     out = as_rollout_output(episodes)
     exp = to_experience(out, prompt_ids, tokenizer, batch, group_size, sampling, device)  # decodes whole episodes
