@@ -127,10 +127,17 @@ def loads(text: str) -> tuple[Any, str | None]:
     invalid JSON, an integer past Python's digit limit (``ValueError``), nesting past the
     recursion limit (``RecursionError``). Never raises.
 
+    Text nested more than ``MAX_DEPTH + 2`` levels (a call object, its arguments, then at most
+    ``MAX_DEPTH`` levels of an argument, as `tools.check_arguments` accepts) is refused before
+    ``json.loads``: whether the recursion limit is reached depends on ``sys.getrecursionlimit()``,
+    which libraries raise, so the answer would depend on what else the process imported.
+
     Example:
-        >>> loads('{"a": 1}'), loads("[" * 100_000)[1]
-        (({'a': 1}, None), 'is nested too deeply to read (nest at most 100 levels)')
+        >>> loads('{"a": 1}'), loads("[" * 100_000)[1], loads("[" * 103 + "]" * 103)[1]
+        (({'a': 1}, None), 'is nested too deeply to read (nest at most 100 levels)', 'is nested too deeply to read (nest at most 100 levels)')
     """
+    if nesting_depth(text) > MAX_DEPTH + 2:
+        return None, f"is nested too deeply to read (nest at most {MAX_DEPTH} levels)"
     try:
         return json.loads(text), None
     except json.JSONDecodeError as err:
@@ -140,6 +147,28 @@ def loads(text: str) -> tuple[Any, str | None]:
                       "(write it as a string)")
     except RecursionError:
         return None, f"is nested too deeply to read (nest at most {MAX_DEPTH} levels)"
+
+
+def nesting_depth(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in JSON ``text``, brackets inside strings not counted.
+
+    Example:
+        >>> nesting_depth('{"a": [[1], "]]]["], "b": {}}')
+        3
+    """
+    depth = peak = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            peak = max(peak, depth)
+        elif ch in "]}":
+            depth -= 1
+    return peak
 
 
 def as_parser(parser: ParserLike | None) -> ToolParser:

@@ -2,6 +2,8 @@
 that says what was wrong and shows the format; custom parsers plug in."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from lightning_rlpt.rollout.episodes.parsing import HermesToolParser, ParsedTurn, ToolCall, as_parser
@@ -93,3 +95,17 @@ def test_json_python_cannot_read_is_an_error_not_an_exception(body, says):
 def test_a_long_name_is_shortened_in_the_error():
     turn = parse('<tool_call>{"name": "%s", "arguments": [1]}</tool_call>' % ("f" * 100_000))
     assert turn.errors[0].startswith(f'tool call 1 ({"f" * 50}): "arguments" must be a JSON object, got list')
+
+
+def test_the_depth_refusal_does_not_depend_on_the_recursion_limit():
+    """Libraries raise ``sys.setrecursionlimit`` (seen in the full suite), after which 1,000 levels
+    parsed and reached the tool: the parser refuses past 100 argument levels whatever the limit."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        turn = parse('<tool_call>{"name": "f", "arguments": {"a": %s}}</tool_call>' % TOO_DEEP)
+        ok = parse('<tool_call>{"name": "f", "arguments": {"a": %s}}</tool_call>' % ("[" * 100 + "]" * 100))
+    finally:
+        sys.setrecursionlimit(old)
+    assert turn.calls == [] and turn.errors[0].startswith(f"tool call 1 {DEEP}")
+    assert len(ok.calls) == 1 and ok.errors == []  # 100 levels of an argument are read, as ToolBox accepts them
