@@ -15,9 +15,9 @@ import argparse
 import glob
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from ..data import PromptDataModule
 from ..module import RLModule
@@ -29,6 +29,18 @@ COMMANDS = {
     "plot": "draw the curves of a run (a CSVLogger directory) into a PNG",
     "export": "write a checkpoint's policy as a Hugging Face model directory (LoRA merged or alone)",
 }
+
+
+class RLPTParser(LightningArgumentParser):
+    """The parser of ``fit`` / ``validate``: no prefix matching (argparse's default took
+    ``--model.beta`` for ``--model.betas`` and then failed on the value), and a one-line usage
+    on errors instead of the hundred-odd lines of every key (``--help`` still lists them)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def format_usage(self) -> str:
+        return f"usage: {self.prog} [-h] [-c CONFIG] [--print_config] [--KEY VALUE ...]\n"
 
 
 class RLPTCLI(LightningCLI):
@@ -83,7 +95,8 @@ def lightning_command(argv: list[str]) -> int:
             sys.path.insert(0, directory)
     # args=None reads sys.argv itself; passing the same list again makes LightningCLI warn
     args = None if argv == sys.argv[1:] else argv
-    RLPTCLI(RLModule, PromptDataModule, auto_configure_optimizers=False, args=args, parser_kwargs={"prog": PROG})
+    RLPTCLI(RLModule, PromptDataModule, auto_configure_optimizers=False, args=args, parser_kwargs={"prog": PROG},
+            parser_class=RLPTParser)
     return 0
 
 

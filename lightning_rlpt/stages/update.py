@@ -32,6 +32,7 @@ from ..batching import minibatch_orders
 from ..experience import Experience
 from ..hooks import call_hook
 from ..model.distributed import reduce_over_ranks
+from ..model.trainer_checks import adopt_trainer_knobs
 from ..model.weights import grad_norm
 
 PROGRESS_BAR = ("reward", "kl", "entropy", "throughput/tokens_per_s")
@@ -155,6 +156,13 @@ class PolicyUpdate:
         scheduler = self.lr_schedulers()
         if scheduler is not None:
             scheduler.step()
+
+    def configure_callbacks(self) -> list:
+        """No callbacks of its own: this is the one hook Lightning calls before refusing, under
+        manual optimization, ``Trainer(gradient_clip_val=...)``; `adopt_trainer_knobs` takes that
+        value as ``max_grad_norm`` first (and refuses ``accumulate_grad_batches``, clipping by value)."""
+        adopt_trainer_knobs(self)
+        return []
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Lightning calls this after AMP unscaling: log the gradient norm, then clip through

@@ -134,6 +134,20 @@ def test_unknown_key_fails_naming_it(tmp_path, capsys):
     assert "model.group_sise" in capsys.readouterr().err
 
 
+def test_option_prefixes_are_not_taken_for_options(capsys):
+    """``--model.beta`` (TRL's name) is refused as unknown, in a short message, not prefix-matched to
+    ``--model.betas`` (then failing on its value after 113 lines of usage); the full name still works."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", CONFIG, "--model.beta", "0.04", "--print_config"])
+    assert exit_.value.code != 0
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --model.beta 0.04" in err and len(err.splitlines()) <= 5, err
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--config", CONFIG, "--model.betas", "[0.9, 0.95]", "--print_config"])
+    assert exit_.value.code in (0, None)
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["betas"] == [0.9, 0.95]
+
+
 def test_help_lists_the_commands_and_unknown_ones_fail(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
