@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-
 from typing import Any, Sequence
 
 import lightning as L
@@ -16,6 +15,7 @@ from .algorithms.kl import KL_ESTIMATORS
 from .algorithms.presets import check_objective, resolve_objective
 from .batching import MicroBatching
 from .checkpoint import check_resume_overrides, load_state, rollout_stream, save_state
+from .compat.trl import RefusesTRLNames
 from .data import collate_prompts
 from .experience import Experience
 from .hooks import RLHookCaller
@@ -36,7 +36,7 @@ from .stages.timing import StepTimer
 from .stages.update import PolicyUpdate
 
 
-class RLModule(MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
+class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.LightningModule):
     """RL post-training (GRPO, DAPO, Dr. GRPO, ...) of any Hugging Face causal LM.
 
     Each training batch of prompts is rolled out (``group_size`` completions per prompt), scored
