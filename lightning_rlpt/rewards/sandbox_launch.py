@@ -60,7 +60,10 @@ def check_mode(sandbox: str) -> None:
 def bwrap_argv(python: str, file_bytes: int) -> list[str]:
     """bubblewrap's command line up to the interpreter (see the module docstring)."""
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
-            "--new-session", "--clearenv"]
+            "--new-session", "--clearenv",
+            # The private /tmp first: binds below land on top of it, so an interpreter or a
+            # checkout that lives under the host's /tmp (a CI clone) is still visible inside.
+            "--size", str(file_bytes), "--tmpfs", "/tmp"]
     for path in ("/usr", "/bin", "/lib", "/lib64", "/lib32"):
         argv += ["--ro-bind-try", path, path]
     for prefix in sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(python)))}):
@@ -68,8 +71,7 @@ def bwrap_argv(python: str, file_bytes: int) -> list[str]:
             argv += ["--ro-bind", prefix, prefix]
     for name in SCRIPTS:
         argv += ["--ro-bind", os.path.join(HERE, name), f"{INSIDE}/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-             "--size", str(file_bytes), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--chdir", "/tmp"]
     for key, value in {**ENV, "HOME": "/tmp", "TMPDIR": "/tmp"}.items():
         argv += ["--setenv", key, value]
     return argv + [python]
