@@ -91,7 +91,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             after every optimizer step, e.g. ``functools.partial(lightning_rlpt.optim.WarmupCosineLR,
             total_steps=200, warmup_steps=10)``; None: constant. Checkpointed by Lightning;
             ``LearningRateMonitor`` logs it.
-        lr / weight_decay / betas / max_grad_norm: the default AdamW (lr > 0) and gradient clipping.
+        lr / weight_decay / betas / max_grad_norm: the default AdamW (lr > 0) and gradient clipping
+            (``Trainer(gradient_clip_val=c)`` sets ``max_grad_norm=c``; ``accumulate_grad_batches`` is refused).
         disable_dropout: set every dropout probability of the policy (and so of its reference)
             to 0, as TRL's ``disable_dropout`` does (default True): the loss forward then sees
             the policy that sampled and the reference is deterministic. The policy trains in
