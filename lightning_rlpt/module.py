@@ -374,8 +374,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         load_state(self, checkpoint)  # refuses a checkpoint without our state, other settings or corrupted tensors
 
     def _next_seed(self) -> int:
-        """The next rollout seed, from (seed, rank, draw count) alone (`checkpoint.rollout_stream`);
-        the mini-batch shuffle (``self.rng``) continues that generator."""
+        """The next rollout seed (`checkpoint.rollout_stream`); the mini-batch shuffle continues ``self.rng``."""
         rank = 0 if self.hparams.seed_per_prompt else self.global_rank  # seed_per_prompt: the prompt index keys
         self.rng, self.rollout_draws = rollout_stream(self.hparams.seed, rank, self.rollout_draws), self.rollout_draws + 1
         return int(torch.randint(0, 2**62, (1,), generator=self.rng).item())
