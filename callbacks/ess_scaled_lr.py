@@ -93,7 +93,7 @@ class ESSScaledLR(RLCallback):
         s1, s2, count = reduce_over_ranks(trainer, [w.sum().item(), (w ** 2).sum().item(), float(len(w))])
         if count == 0:  # no rank trains on any sequence: nothing to measure, the LR is left alone
             return float("nan"), 1.0
-        ratio = (s1 ** 2 / (s2 + 1e-8)) / max(count, 1.0)
+        ratio = (s1 ** 2 / (s2 + 1e-8)) / count
         if ratio >= self.rho_base * (1 - self.tolerance):
             return ratio, 1.0
         scale = min(1.0, ratio / self.rho_base)

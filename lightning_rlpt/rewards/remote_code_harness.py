@@ -6,6 +6,7 @@ library only and avoids syntax newer than 3.6.
 from __future__ import annotations
 
 import builtins
+import functools
 import inspect
 import os
 
@@ -62,8 +63,14 @@ def program(code: str, name: str, args: tuple, kwargs: dict) -> str:
         run_call('def f(x): return x', 'f', '[[1],{"$dict":[]}]')
     """
     blob = dumps([list(args), kwargs])
+    return "\n".join([_prelude(), f"run_call({code!r}, {name!r}, {blob!r})", ""])
+
+
+@functools.cache
+def _prelude() -> str:
+    """The fixed part of every program (the codec and `run_call` as source): read once, not per call."""
     return "\n".join([inspect.getsource(sandbox_codec), "import builtins", "import os", f"MARK = {MARK!r}",
-                      inspect.getsource(run_call), f"run_call({code!r}, {name!r}, {blob!r})", ""])
+                      inspect.getsource(run_call)])
 
 
 def read_answer(stdout: str) -> dict | None:

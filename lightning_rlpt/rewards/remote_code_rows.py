@@ -3,17 +3,17 @@ anything runs), the code block for a language, and the names a test calls."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
-import re
 from typing import Any
 
 from .calling import RewardError
+from .code import FENCE  # the same fenced-block pattern as the local code reward
 from .code_tests import StdioCases, parse_row
 
 FORMS = ("a list of assert-style Python snippets (or one string), or stdin/stdout cases of strings, as many "
          'inputs as outputs: {"inputs": [...], "outputs": [...]}, [{"input": ..., "output": ...}, ...] or '
          '{"test_cases": [...]}')
-FENCE = re.compile(r"```[ \t]*([^\n`]*?)[ \t]*\n(.*?)```", re.DOTALL)
 LABELS = {"cpp": ("cpp", "c++"), "nodejs": ("javascript", "js", "nodejs"), "typescript": ("typescript", "ts"),
           "go": ("go", "golang"), "rust": ("rust", "rs"), "bash": ("bash", "sh", "shell"), "csharp": ("csharp", "cs")}
 
@@ -96,13 +96,14 @@ def free_names(test: str) -> list[str]:
     return sorted(n for n in read - bound if not n.startswith("__"))
 
 
-def top_level_names(code: str) -> set[str]:
+@functools.lru_cache(maxsize=256)  # asked once per test snippet of a row, for the same completion
+def top_level_names(code: str) -> frozenset[str]:
     """The names the candidate's code defines at its top level (parsed, never run); none when
-    it does not parse here (the service then reports its SyntaxError)."""
+    it does not parse here (the service then reports its SyntaxError). Frozen: the result is cached."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set()
+        return frozenset()
     names = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -110,4 +111,4 @@ def top_level_names(code: str) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names.update(t.id for t in targets if isinstance(t, ast.Name))
-    return names
+    return frozenset(names)

@@ -136,7 +136,8 @@ def loads(text: str) -> tuple[Any, str | None]:
         >>> loads('{"a": 1}'), loads("[" * 100_000)[1], loads("[" * 103 + "]" * 103)[1]
         (({'a': 1}, None), 'is nested too deeply to read (nest at most 100 levels)', 'is nested too deeply to read (nest at most 100 levels)')
     """
-    if nesting_depth(text) > MAX_DEPTH + 2:
+    # The bracket count first (C speed): the character scan runs only on text that could be too deep.
+    if text.count("[") + text.count("{") > MAX_DEPTH + 2 and nesting_depth(text) > MAX_DEPTH + 2:
         return None, f"is nested too deeply to read (nest at most {MAX_DEPTH} levels)"
     try:
         return json.loads(text), None

@@ -250,7 +250,7 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
         if key not in arguments:
             return f"missing argument {key!r}"
     for key, value in arguments.items():
-        depth = nesting_depth(value)
+        depth = value_depth(value)
         if depth > MAX_DEPTH:
             return f"argument {key!r} is nested {depth} levels deep; at most {MAX_DEPTH} are accepted"
         problem = _check_value(value, properties[key])
@@ -259,11 +259,11 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
     return None
 
 
-def nesting_depth(value: Any) -> int:
+def value_depth(value: Any) -> int:
     """Levels of lists/dicts in ``value``, counted without recursion (so any depth is safe).
 
     Example:
-        >>> nesting_depth(3), nesting_depth([1, {"a": [2]}])
+        >>> value_depth(3), value_depth([1, {"a": [2]}])
         (0, 3)
     """
     depth, level = 0, [value]
