@@ -101,8 +101,8 @@ def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
     """`RLModule.on_load_checkpoint`: check the checkpoint (see the module docstring), then restore."""
     trainer = module._trainer
     fitting = trainer is not None and trainer.state.fn == "fit"
-    verify_checksums((checkpoint.get("lightning_rlpt") or {}).get("checksums"), checkpoint.get("state_dict") or {})
     state = checkpoint.get("lightning_rlpt")
+    verify_checksums((state or {}).get("checksums"), checkpoint.get("state_dict") or {})
     if not state:
         if fitting:
             raise ValueError(missing_state_message(getattr(trainer, "ckpt_path", None)))
@@ -121,10 +121,10 @@ def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
 
 def compare_algorithm(saved: dict[str, Any] | None, now: dict[str, Any], overrides: Iterable[str]) -> None:
     """Refuse to continue under settings other than the saved ones, naming each (``overrides`` excepted)."""
-    changed = [f"{key}: saved {saved[key]!r}, now {now[key]!r}" for key in now
-               if saved is not None and key in saved and key not in overrides and not _same(saved[key], now[key])]
-    if changed:
-        keys = tuple(line.split(":")[0] for line in changed)
+    keys = tuple(key for key in now if saved is not None and key in saved and key not in overrides
+                 and not _same(saved[key], now[key]))
+    if keys:
+        changed = [f"{key}: saved {saved[key]!r}, now {now[key]!r}" for key in keys]
         raise ValueError("this checkpoint was trained with other settings than this RLModule's, and resuming would "
                          "silently switch to the new ones: " + "; ".join(changed) + ". Build the module with the "
                          f"saved values, or pass RLModule(resume_overrides={keys!r}) to continue under the new ones")

@@ -114,15 +114,16 @@ class RowSampler(LogitsProcessor):
         self._tokens: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        picked = scores.float()
+        processed = scores.float()
+        picked = processed
         if self.seeds is not None:
-            if self._tokens is None or len(self._tokens) != scores.shape[-1]:
+            if self._tokens is None or len(self._tokens) != scores.shape[-1]:  # once per call
                 self._tokens = token_keys(scores.shape[-1], scores.device)
-            self.seeds = self.seeds.to(scores.device)
+                self.seeds = self.seeds.to(scores.device)
             u = uniform(self.seeds, input_ids.shape[1] - self.prompt_width, scores.shape[-1], self._tokens)
             gumbel = u.log_().neg_().log_().neg_()  # -log(-log u): Gumbel(0, 1)
-            picked = picked + gumbel.float()  # -inf (a token the warpers removed) stays -inf
+            picked = processed + gumbel.float()  # -inf (a token the warpers removed) stays -inf
         token = picked.argmax(-1, keepdim=True)
-        if self.record:
-            self.logprobs.append(scores.float().log_softmax(-1).gather(-1, token).squeeze(-1))
+        if self.record:  # the processed distribution's log-prob, never the noise's
+            self.logprobs.append(processed.log_softmax(-1).gather(-1, token).squeeze(-1))
         return picked
