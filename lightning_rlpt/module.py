@@ -31,6 +31,7 @@ from .optim import build_optimizer, build_scheduler, default_optimizer
 from .rewards import RewardFunctions, TrainerState
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
 from .rollout.episodes import Agent
+from .rollout.episodes.tools import DEFAULT_MAX_CHARS
 from .stages.experience import MakeExperience
 from .stages.timing import StepTimer
 from .stages.update import PolicyUpdate
@@ -192,7 +193,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         tools: Any = None,
         max_turns: int | None = None,
         tool_timeout: float = 10.0,
-        tool_max_chars: int | None = 10_000,
+        tool_max_chars: int | None = DEFAULT_MAX_CHARS,
         tool_parser: Any = None,
         environment: Any = None,
         rollout_func: Any = None,
@@ -367,11 +368,9 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        save_state(self, checkpoint)  # see lightning_rlpt.checkpoint
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        load_state(self, checkpoint)  # refuses a checkpoint without our state, other settings or corrupted tensors
+    # Lightning's checkpoint hooks (lightning_rlpt.checkpoint): load refuses a checkpoint without our
+    # state, with other settings or with corrupted tensors.
+    on_save_checkpoint, on_load_checkpoint = save_state, load_state
 
     def _next_seed(self) -> int:
         """The next rollout seed (`checkpoint.rollout_stream`); the mini-batch shuffle continues ``self.rng``."""
