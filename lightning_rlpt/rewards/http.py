@@ -46,7 +46,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx then surfaces as an HTTPError, which `_request` reads
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+NO_REDIRECTS = urllib.request.build_opener(_NoRedirects)
 
 
 class HTTPReward:
@@ -260,7 +260,7 @@ def _request(url: str, body: bytes, headers: dict[str, str], timeout: float, lim
     """One POST, no redirects followed: (status, text, Location header)."""
     request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
+        with NO_REDIRECTS.open(request, timeout=timeout) as response:
             return response.status, _read_capped(response, limit, who), None
     except urllib.error.HTTPError as err:  # a non-2xx answer (3xx included): the caller decides
         with err:  # only quoted in messages, so its start is enough whatever its size

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from .calling import RewardError, RewardUnavailable
-from .http import RETRY_STATUS
+from .http import NO_REDIRECTS, RETRY_STATUS
 
 RUN_STATUSES = ("Finished", "TimeLimitExceeded", "Error")
 CHUNK = 1 << 16
@@ -59,11 +59,6 @@ class RunAnswer:
         return f"it exited with code {self.return_code}"
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):  # None: urllib raises the 3xx as an HTTPError
-        return None
-
-
 class RunCodeClient:
     """Posts programs to a ``run_code`` endpoint and reads the answers.
 
@@ -80,13 +75,6 @@ class RunCodeClient:
                  headers: dict[str, str] | None = None):
         self.url, self.timeout, self.retries, self.backoff = url, timeout, retries, backoff
         self.max_response_bytes, self.headers = max_response_bytes, dict(headers or {})
-        self._opener = urllib.request.build_opener(_NoRedirect)
-
-    def __getstate__(self) -> dict:  # an opener does not pickle; it is rebuilt
-        return {k: v for k, v in self.__dict__.items() if k != "_opener"}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _opener=urllib.request.build_opener(_NoRedirect))
 
     def run(self, code: str, *, language: str, stdin: str | None, run_timeout: float, compile_timeout: float,
             memory_mb: int) -> RunAnswer:
@@ -125,7 +113,7 @@ class RunCodeClient:
                                          headers={"Content-Type": "application/json", **self.headers})
         deadline = time.monotonic() + self.timeout
         try:
-            response = self._opener.open(request, timeout=self.timeout)
+            response = NO_REDIRECTS.open(request, timeout=self.timeout)
         except urllib.error.HTTPError as err:  # a non-2xx answer: the caller decides
             response = err
         with response:
