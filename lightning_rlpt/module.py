@@ -27,7 +27,7 @@ from .model.loading import check_model_source, load_policy, load_tokenizer, lora
 from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .model.weights import policy_weights
-from .optim import build_optimizer, build_scheduler, default_optimizer
+from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory
 from .rewards import RewardFunctions, TrainerState
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
 from .rollout.episodes import Agent
@@ -217,8 +217,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef))
         KL_ESTIMATORS.get(kl_estimator)
         check_reference_options(reference_dtype, reference_offload, lora)
-        self._check_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
-        self.optimizer_factory = self._optimizer_factory(optimizer, lr, weight_decay, betas)
+        check_update_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
+        self.optimizer_factory = optimizer_factory(optimizer, lr, weight_decay, betas)
         self.scheduler_factory = lr_scheduler
         check_top_entropy_quantile(top_entropy_quantile)
         self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch, bool(padding_free))
@@ -265,28 +265,6 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         if max(ks) > val_samples:
             raise ValueError(f"val_pass_k={ks} asks for more samples than val_samples={val_samples}")
         self.val_pass = nn.ModuleDict({str(k): PassAtK(k) for k in ks})
-
-    @staticmethod
-    def _optimizer_factory(optimizer, lr, weight_decay, betas):
-        given = {k: v for k, v in dict(lr=lr, weight_decay=weight_decay, betas=betas).items() if v is not None}
-        if optimizer is None:
-            return default_optimizer(**given)
-        if given:
-            raise ValueError(f"{sorted(given)} configure the default AdamW, and optimizer= was given too: set them in "
-                             "the optimizer callable (e.g. functools.partial(torch.optim.AdamW, lr=1e-6), or the "
-                             "config's optimizer.init_args) and drop them here")
-        return optimizer
-
-    @staticmethod
-    def _check_numbers(mu: int, minibatch: int | None, val_samples: int, lr: float | None) -> None:
-        if lr is not None and not lr > 0:
-            raise ValueError(f"lr must be > 0 (got {lr}); to evaluate without training use trainer.validate")
-        if mu < 1:
-            raise ValueError(f"updates_per_rollout must be >= 1 (got {mu})")
-        if minibatch is not None and minibatch < 1:
-            raise ValueError(f"minibatch_size must be >= 1 or None (got {minibatch})")
-        if val_samples < 1:
-            raise ValueError(f"val_samples must be >= 1 (got {val_samples})")
 
     # ---------------------------------------------------------------- the callbacks' surface
     def request(self, **flags: bool) -> None:

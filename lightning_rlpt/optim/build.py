@@ -24,6 +24,32 @@ def default_optimizer(lr: float = 1e-6, weight_decay: float = 0.0,
     return functools.partial(torch.optim.AdamW, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
 
 
+def optimizer_factory(optimizer: OptimizerFactory | None, lr: float | None, weight_decay: float | None,
+                      betas: tuple[float, float] | None) -> OptimizerFactory:
+    """`RLModule`'s ``optimizer=`` callable, or the default AdamW from ``lr`` / ``weight_decay`` /
+    ``betas``; giving both is refused, since the callable would silently ignore the numbers."""
+    given = {k: v for k, v in dict(lr=lr, weight_decay=weight_decay, betas=betas).items() if v is not None}
+    if optimizer is None:
+        return default_optimizer(**given)
+    if given:
+        raise ValueError(f"{sorted(given)} configure the default AdamW, and optimizer= was given too: set them in "
+                         "the optimizer callable (e.g. functools.partial(torch.optim.AdamW, lr=1e-6), or the "
+                         "config's optimizer.init_args) and drop them here")
+    return optimizer
+
+
+def check_update_numbers(mu: int, minibatch: int | None, val_samples: int, lr: float | None) -> None:
+    """`RLModule`'s update counts and learning rate, checked at construction."""
+    if lr is not None and not lr > 0:
+        raise ValueError(f"lr must be > 0 (got {lr}); to evaluate without training use trainer.validate")
+    if mu < 1:
+        raise ValueError(f"updates_per_rollout must be >= 1 (got {mu})")
+    if minibatch is not None and minibatch < 1:
+        raise ValueError(f"minibatch_size must be >= 1 or None (got {minibatch})")
+    if val_samples < 1:
+        raise ValueError(f"val_samples must be >= 1 (got {val_samples})")
+
+
 def _name(factory: Any) -> str:
     inner = getattr(factory, "func", factory)
     return f"{getattr(inner, '__module__', '')}.{getattr(inner, '__qualname__', repr(inner))}".lstrip(".")
