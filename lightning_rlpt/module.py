@@ -51,7 +51,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         objective: a preset (``grpo``, ``dapo``, ``dr_grpo``) or a policy-loss name.
         group_size: completions per prompt, G.
         kl_coef: β of the KL-to-reference term (None: the preset's). 0 builds no reference.
-        kl_estimator: ``k1`` (default; exact reverse-KL gradient), ``k2``, ``k3`` or ``future_k1``; see `algorithms.kl`.
+        kl_estimator: ``k1`` (default), ``k2``, ``k3``, ``k3_ratio`` or ``future_k1``; see `algorithms.kl`.
         advantage / policy_loss / loss_aggregation / clip_low / clip_high / dual_clip: override
             the preset.
         advantage_kwargs / policy_loss_kwargs: extra options for the selected functions.
@@ -95,7 +95,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         lr / weight_decay / betas / max_grad_norm: the default AdamW (lr > 0) and gradient clipping
             (``Trainer(gradient_clip_val=c)`` sets ``max_grad_norm=c``; ``accumulate_grad_batches`` is refused).
         disable_dropout: set every dropout probability of the policy (and so of its reference)
-            to 0, as TRL's ``disable_dropout`` does (default True): the loss forward then sees
+            to 0 (default True; TRL's ``disable_dropout`` defaults to False): the loss forward sees
             the policy that sampled and the reference is deterministic. The policy trains in
             train mode either way; with dropout kept, the reference runs in eval mode.
         mask_truncated_completions: leave completions that hit the token budget without EOS out

@@ -11,7 +11,11 @@ Per token, with ``δ = logπ - logπ_ref`` on a token sampled from the policy:
   the samples come from an older policy.
 - ``k3``: the loss ``e^d - d - 1`` with ``d = -δ`` clamped to ±20 (the usual GRPO form,
   Schulman's "k3"); gradient ``(1 - π_ref/π) ∇logπ`` whose expectation is the gradient of the
-  *forward* KL ``KL(π_ref‖π)``, a biased surrogate for the reverse KL.
+  *forward* KL ``KL(π_ref‖π)``, a biased surrogate for the reverse KL. It is TRL's default KL
+  term (``GRPOConfig(use_bias_correction_kl=False)``).
+- ``k3_ratio``: ``k3 · π/sg(π_old)``, TRL's ``use_bias_correction_kl=True`` (DeepSeek-V3.2,
+  arXiv 2512.02556). Its value is an unbiased estimate of ``KL(π‖π_ref)`` off-policy too; its
+  gradient is exactly ``k1``'s, token by token (see `k3_ratio_loss`).
 
 - ``future_k1``: the sequence-level reverse-KL gradient through a KL return-to-go (FRPO style).
 
@@ -49,6 +53,28 @@ def k3_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: to
             mask: torch.Tensor | None = None) -> torch.Tensor:
     d = clamp_log_ratio(ref_logprobs - logprobs)
     return torch.exp(d) - d - 1.0
+
+
+@KL_ESTIMATORS.register("k3_ratio")
+def k3_ratio_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per token ``k3 · ρ`` with ``ρ = π/sg(π_old)``: TRL's bias-corrected KL term.
+
+    TRL, ``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._compute_loss``: with
+    ``use_bias_correction_kl=True`` the per-token k3 is multiplied by the importance ratio
+    ``coef_1`` (DeepSeek-AI, "DeepSeek-V3.2", arXiv 2512.02556). Equal to TRL's term for
+    ``importance_sampling_level="token"`` (its default) and ``|δ| ≤ 20`` (k3's clamp); with
+    ``"sequence"`` TRL multiplies by the sequence's ratio instead.
+
+    Value: ``E_{π_old}[ρ·k3] = E_π[k3] = KL(π‖π_ref)``, so it stays unbiased when the samples
+    come from an older policy (``updates_per_rollout > 1``); on-policy it equals ``k3``.
+    Gradient: ``ρ(1 - π_ref/π)∇logπ + k3·ρ∇logπ = ρ·δ·∇logπ``, which is ``k1``'s gradient
+    exactly, per token, not only in expectation: the two differ in the value they add to the
+    loss (``k1``'s is ``ρ·δ``), never in the update. Their expected gradient is that of the
+    reverse KL, on- and off-policy.
+    """
+    ratio = torch.exp(logprobs - old_logprobs.detach())
+    return k3_loss(logprobs, ref_logprobs, old_logprobs) * ratio
 
 
 def kl_value(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,13 @@ refuses combinations that are not meaningful.
 
 A bare policy-loss name (any key of `POLICY_LOSSES`, e.g. ``"ppo_clip"``) takes the ``grpo``
 preset with that loss.
+
+``grpo`` is `RLModule`'s default objective and differs from TRL's ``GRPOTrainer`` defaults in
+two places, on purpose: β = 0.04 (TRL 0.0) and ``seq-mean-token-mean`` (TRL's default
+``loss_type="dapo"`` is ``token-mean``). A preset reproduces the paper it is named after, which
+is what ``objective="grpo"`` asks for; TRL's defaults are ``kl_coef=0.0,
+loss_aggregation="token-mean"`` on it (the ``dapo`` preset adds DAPO's clip-higher and dual
+clip). The reasons: docs/objectives.md, "Defaults, and where they differ from TRL".
 """
 from __future__ import annotations
 

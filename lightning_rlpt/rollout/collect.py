@@ -39,6 +39,16 @@ def tokenize_prompts(tokenizer: Any, prompts: list[Any], sampling: SamplingConfi
     return ids, len(too_long)
 
 
+def truncation_warning(cut: int, prompts: int, limit: int, where: str) -> str:
+    """The warning for the first batch whose prompts ``max_prompt_length`` cut (`tokenize_prompts`):
+    how many, the limit and the ways out. ``where`` says which batch (step, rank)."""
+    return (f"max_prompt_length={limit} cut {cut} of the {prompts} prompts of a batch ({where}) to their last {limit} "
+            "tokens: a cut prompt loses its beginning (instructions, few-shot examples), which changes the task. "
+            "Raise it, or set generation=dict(max_prompt_length=None) to cut nothing (a prompt the context cannot "
+            "hold is still refused before generation), or prompt_truncation='error' to stop instead. Training "
+            "batches count cut prompts in the prompts/truncated metric; this warning is not repeated")
+
+
 def _prompt_ids(tokenizer: Any, prompt: Any, use_template: bool, template_kwargs: dict[str, Any] | None = None
                 ) -> list[int]:
     if isinstance(prompt, str) and not (use_template and getattr(tokenizer, "chat_template", None)):

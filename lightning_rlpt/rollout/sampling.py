@@ -25,10 +25,17 @@ class SamplingConfig:
             already in the prompt or the completion so far: its logit is divided by the penalty
             when positive, multiplied when negative. 1 disables it; > 1 discourages repeats,
             < 1 encourages them. Applied before the temperature, in greedy decoding too.
-        max_prompt_length: prompts longer than this (in tokens) are handled by
-            ``prompt_truncation``; None means no limit.
-        prompt_truncation: ``"left"`` keeps the last ``max_prompt_length`` tokens and counts it
-            in ``prompts/truncated``; ``"error"`` stops before any rollout.
+        max_prompt_length: prompts longer than this many tokens (after the chat template) are
+            handled by ``prompt_truncation``. None (the default, as TRL): no prompt is ever cut,
+            and one the context cannot hold with its completion is refused, naming it, before
+            generation (`prompt_checks`). No cut by default because a cut silently changes the
+            task: it drops the prompt's beginning (the instructions, the few-shot examples). vLLM
+            engines size their context from it: with None they take the model's whole context
+            (``max_position_embeddings``); set it, or the engine's ``max_model_len``, to bound that.
+        prompt_truncation: what a prompt longer than ``max_prompt_length`` gets: ``"left"`` keeps
+            its last ``max_prompt_length`` tokens, counted in ``prompts/truncated``, with a warning
+            (count, limit, remedy) on the first batch that has one; ``"error"`` stops before any
+            rollout.
         chat_template: format string prompts with the tokenizer's chat template (as one user
             turn) when it has one; False feeds them raw. Conversational prompts (lists of
             ``{"role", "content"}`` messages) always go through the template.
@@ -65,7 +72,7 @@ class SamplingConfig:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    max_prompt_length: int | None = 512
+    max_prompt_length: int | None = None
     prompt_truncation: str = "left"
     chat_template: bool = True
     chat_template_kwargs: dict[str, Any] | None = None

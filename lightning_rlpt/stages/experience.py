@@ -2,6 +2,7 @@
 with the RL hooks in between and each stage timed (``timing/*``)."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -23,6 +24,9 @@ from ..rollout.episodes.rollout import rollout_episodes
 
 class MakeExperience:
     """Mixin of `RLModule` (which supplies the engine, rewards, models and hyper-parameters)."""
+
+    # Set by the first rollout whose prompts max_prompt_length cut (`sample` warns once).
+    _warned_prompt_cut: bool = False
 
     def make_experience(self, batch: dict[str, list[Any]]) -> Experience | None:
         """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
@@ -53,12 +57,29 @@ class MakeExperience:
         """`collect.rollout`, or multi-turn episodes when the module has tools, an environment or
         a ``rollout_func`` (`rollout.episodes.rollout_episodes`): training and validation alike.
         Either refuses, before generating, a prompt of no tokens or one the context cannot hold
-        with its completion (``_max_context``): the HF engine would not."""
+        with its completion (``_max_context``): the HF engine would not. The first batch whose
+        prompts ``max_prompt_length`` cut gets a warning (`_warn_prompt_cut`)."""
         args = (self.engine, self.tokenizer, batch, group_size, sampling, seed, self.device, seed_per_prompt,
                 check_prompts)
         if self.agent.active:
-            return rollout_episodes(self.agent, *args, max_context=self._max_context())
-        return collect.rollout(*args, max_context=self._max_context())
+            exp, cut = rollout_episodes(self.agent, *args, max_context=self._max_context())
+        else:
+            exp, cut = collect.rollout(*args, max_context=self._max_context())
+        if cut:
+            self._warn_prompt_cut(cut, len(batch["prompt"]), sampling.max_prompt_length)
+        return exp, cut
+
+    def _warn_prompt_cut(self, cut: int, prompts: int, limit: int) -> None:
+        """Warn once per module (per rank): a cut changes the task, so it must be seen, but every
+        batch repeating it would bury other messages; ``prompts/truncated`` keeps counting."""
+        if self._warned_prompt_cut:
+            return
+        self._warned_prompt_cut = True
+        trainer = self._trainer
+        where = f"global step {trainer.global_step}" if trainer is not None else "outside a Trainer"
+        if trainer is not None and trainer.world_size > 1:
+            where += f", rank {trainer.global_rank}"  # each rank sees only its own batch
+        warnings.warn(collect.truncation_warning(cut, prompts, limit, where), UserWarning, stacklevel=3)
 
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
         """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""

@@ -32,6 +32,12 @@ def cispo_loss(
     weight at ``1 - clip_low``. The ``cispo`` preset uses ``clip_high = 0.28`` (DAPO's
     clip-higher; the paper tunes ε_high and its value is an open choice) and ``token-mean``.
 
+    ``clip_high`` is relative, the cap is ``1 + clip_high``, as for every clipped loss here. TRL's
+    ``epsilon_high`` for ``loss_type="cispo"`` is the cap itself (``GRPOTrainer._compute_loss``
+    clamps the ratio at ``epsilon_high``; ScaleRL's ε_max, recommended 5.0), so
+    TRL's ``epsilon_high=5.0`` is ``clip_high=4.0`` here. TRL counts only positive-advantage tokens
+    in its ``cispo_clip_ratio``; ``clip_ratio/high`` counts every sign.
+
     Stats: ``clip_ratio/high`` (weight truncated at ``1 + clip_high``, any advantage sign),
     ``clip_ratio/low`` (floored; 0 unless ``clip_lower``), ``clip_ratio/region`` (either).
     """

@@ -81,8 +81,9 @@ def context_length(module: Any, max_model_len: int | None, max_tokens: int | Non
         max_model_len: the caller's value, or None to size it.
         max_tokens: a training override of ``max_new_tokens`` (``VLLMRollout(max_tokens=...)``).
         config: the policy's config.
-        minimum: the least an engine started elsewhere must hold (prompt + completion), not
-            the size to start one with.
+        minimum: the least an engine started elsewhere must hold (prompt + completion; a
+            one-token prompt without ``max_prompt_length``, longer ones are refused batch by
+            batch, `prompt_checks`), not the size to start one with.
 
     Example:
         >>> context_length(module, None, None, module.policy.config)  # doctest: +SKIP
@@ -92,6 +93,8 @@ def context_length(module: Any, max_model_len: int | None, max_tokens: int | Non
     completion = max(module.sampling.max_new_tokens, module.val_sampling.max_new_tokens, max_tokens or 0)
     positions = getattr(config, "max_position_embeddings", None)
     episodes = not minimum and max_model_len is None and getattr(module, "episodes", False)
+    if prompt is None and minimum:  # no prompt limit: each batch is checked against the engine's context
+        return completion + 1
     if prompt is None or (episodes and positions is not None):
         if max_model_len is None and positions is None:
             raise ValueError("set max_model_len (or the generation's max_prompt_length): the model config has no "

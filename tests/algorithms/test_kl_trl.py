@@ -1,0 +1,75 @@
+"""TRL's KL terms are ours: ``k3`` is ``use_bias_correction_kl=False``, ``k3_ratio`` is ``True``.
+
+TRL's formula is transcribed from ``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._compute_loss``
+(TRL main, 1.10.0.dev0), at its default ``importance_sampling_level="token"``.
+"""
+import math
+
+import pytest
+import torch
+
+from lightning_rlpt.algorithms.kl import KL_ESTIMATORS
+
+
+def trl_per_token_kl(per_token_logps, ref_per_token_logps, old_per_token_logps, use_bias_correction_kl):
+    """TRL's per-token KL term, transcribed (``GRPOTrainer._compute_loss``)."""
+    coef_1 = torch.exp(per_token_logps - old_per_token_logps)
+    per_token_kl = torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
+    if use_bias_correction_kl:
+        per_token_kl = per_token_kl * coef_1
+    return per_token_kl
+
+
+def test_k3_ratio_by_hand():
+    """π = (.5, .25), π_ref = (.25, .5), π_old = (.4, .25):
+    token 1: k3 = e^{-ln 2} + ln 2 - 1 = 0.193147, ρ = 1.25 → 0.241434;
+    token 2: k3 = e^{ln 2} - ln 2 - 1 = 0.306853, ρ = 1 → 0.306853."""
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]], dtype=torch.float64)
+    ref = torch.tensor([[math.log(0.25), math.log(0.5)]], dtype=torch.float64)
+    old = torch.tensor([[math.log(0.4), math.log(0.25)]], dtype=torch.float64)
+    value = KL_ESTIMATORS.get("k3_ratio")(logp, ref, old, torch.ones(1, 2))
+    assert value.tolist()[0] == pytest.approx([0.241434, 0.306853], abs=1e-6)
+
+
+@pytest.mark.parametrize("name, corrected", [("k3", False), ("k3_ratio", True)])
+def test_equals_trl_formula_value_and_gradient(name, corrected):
+    """Same value and same gradient as TRL's term on the same inputs, off-policy (π_old ≠ π)."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(3, 6, dtype=torch.float64, generator=gen)
+    ref = base + 0.5 * torch.randn(3, 6, dtype=torch.float64, generator=gen)
+    old = base + 0.3 * torch.randn(3, 6, dtype=torch.float64, generator=gen)
+    ours_in, trl_in = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
+    ours = KL_ESTIMATORS.get(name)(ours_in, ref, old, torch.ones(3, 6))
+    trl = trl_per_token_kl(trl_in, ref, old, corrected)
+    assert torch.allclose(ours, trl, atol=1e-12)
+    ours.sum().backward(), trl.sum().backward()
+    assert torch.allclose(ours_in.grad, trl_in.grad, atol=1e-12)
+
+
+def test_k3_ratio_has_k1_gradient_token_by_token():
+    """∇(k3·ρ) = ρ·δ·∇logπ = ∇k1 per token (not only in expectation), while the values differ."""
+    gen = torch.Generator().manual_seed(1)
+    logp0 = torch.randn(2, 5, dtype=torch.float64, generator=gen)
+    ref = logp0 + torch.randn(2, 5, dtype=torch.float64, generator=gen)
+    old = logp0 + 0.4 * torch.randn(2, 5, dtype=torch.float64, generator=gen)
+    grads, values = {}, {}
+    for name in ("k1", "k3_ratio"):
+        logp = logp0.clone().requires_grad_(True)
+        values[name] = KL_ESTIMATORS.get(name)(logp, ref, old, torch.ones(2, 5))
+        values[name].sum().backward()
+        grads[name] = logp.grad
+    assert torch.allclose(grads["k3_ratio"], grads["k1"], atol=1e-12)
+    assert not torch.allclose(values["k3_ratio"], values["k1"], atol=1e-3)
+
+
+def test_k3_ratio_value_is_unbiased_off_policy():
+    """Σ_a π_old(a)·k3_ratio(a) = KL(π‖π_ref) for samples from an older policy (k3 alone is not)."""
+    gen = torch.Generator().manual_seed(2)
+    logp = torch.randn(7, dtype=torch.float64, generator=gen).log_softmax(-1)
+    ref = torch.randn(7, dtype=torch.float64, generator=gen).log_softmax(-1)
+    old = (logp + torch.randn(7, dtype=torch.float64, generator=gen)).log_softmax(-1)
+    exact = (logp.exp() * (logp - ref)).sum()
+    mean = {name: (old.exp() * KL_ESTIMATORS.get(name)(logp[None], ref[None], old[None])[0]).sum()
+            for name in ("k3", "k3_ratio")}
+    assert mean["k3_ratio"].item() == pytest.approx(exact.item(), abs=1e-12)
+    assert mean["k3"].item() != pytest.approx(exact.item(), abs=1e-3)
