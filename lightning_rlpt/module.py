@@ -28,6 +28,7 @@ from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .model.weights import policy_weights
 from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory
+from .quiet import hide_lightning_tips
 from .rewards import RewardFunctions, TrainerState
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
 from .rollout.episodes import Agent
@@ -212,6 +213,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         self.model_source = {"model_name_or_path": os.path.abspath(path) if path and os.path.isdir(path) else path,
                              "lora_config": lora_as_dict(lora)}
         self.automatic_optimization = False
+        hide_lightning_tips()  # before the Trainer is built: it prints the first (lightning_rlpt.quiet)
         self.objective = resolve_objective(objective, dict(
             policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef))

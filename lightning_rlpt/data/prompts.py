@@ -8,6 +8,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..quiet import quiet_empty_validation
 from .checks import check_prompts, check_same_columns, json_row_keys, read_utf8
 from .samplers import EpochSampler
 
@@ -240,6 +241,7 @@ class PromptDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         self.setup("validate")
         if self.val_set is None:
+            quiet_empty_validation()  # the empty list is how Lightning is told "no validation"
             return []
         return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False,
                           collate_fn=collate_prompts, num_workers=self.num_workers)

@@ -34,6 +34,8 @@ from ..hooks import call_hook
 from ..model.distributed import reduce_over_ranks
 from ..model.trainer_checks import adopt_trainer_knobs
 from ..model.weights import grad_norm
+from ..progress import count_steps
+from ..quiet import quiet_fit
 
 PROGRESS_BAR = ("reward", "kl", "entropy", "throughput/tokens_per_s")
 
@@ -160,8 +162,12 @@ class PolicyUpdate:
     def configure_callbacks(self) -> list:
         """No callbacks of its own: this is the one hook Lightning calls before refusing, under
         manual optimization, ``Trainer(gradient_clip_val=...)``; `adopt_trainer_knobs` takes that
-        value as ``max_grad_norm`` first (and refuses ``accumulate_grad_batches``, clipping by value)."""
+        value as ``max_grad_norm`` first (and refuses ``accumulate_grad_batches``, clipping by value).
+        The progress bar then counts optimizer steps, and Lightning's advice that is wrong for an RL
+        run is silenced (`lightning_rlpt.progress`, `lightning_rlpt.quiet`)."""
         adopt_trainer_knobs(self)
+        count_steps(self.trainer)
+        quiet_fit()
         return []
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
