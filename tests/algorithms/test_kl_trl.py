@@ -73,3 +73,25 @@ def test_k3_ratio_value_is_unbiased_off_policy():
             for name in ("k3", "k3_ratio")}
     assert mean["k3_ratio"].item() == pytest.approx(exact.item(), abs=1e-12)
     assert mean["k3"].item() != pytest.approx(exact.item(), abs=1e-3)
+
+
+def test_k3_ratio_trains_as_k1_in_a_real_fit(warm_start_dir, arithmetic_rows):
+    """Two SGD steps of a real fit (the second with a reference that differs from the policy):
+    ``k3_ratio`` moves the weights as ``k1`` does, ``k3`` does not; the logged loss differs."""
+    from functools import partial
+
+    import tiny_task as task
+    from conftest import quiet_trainer
+    from lightning_rlpt import PromptDataModule, RLModule
+
+    def fit(estimator):
+        module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, kl_coef=1.0,
+                          kl_estimator=estimator, optimizer=partial(torch.optim.SGD, lr=0.5), max_grad_norm=None,
+                          updates_per_rollout=2, generation=dict(max_new_tokens=4, max_prompt_length=8))
+        trainer = quiet_trainer(max_steps=2)
+        trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows[:4], batch_size=4))
+        return torch.cat([p.detach().flatten() for p in module.policy.parameters()]), trainer.callback_metrics["loss"]
+
+    (k1, k1_loss), (ratio, ratio_loss), (k3, _) = fit("k1"), fit("k3_ratio"), fit("k3")
+    assert torch.allclose(ratio, k1, atol=1e-6) and not torch.allclose(k3, k1, atol=1e-6)
+    assert not torch.isclose(ratio_loss, k1_loss, atol=1e-6)
