@@ -1,11 +1,17 @@
 """Fused loss kernels: log-probs and entropy from hidden states without ``[tokens, vocab]`` logits.
 
-``fused_logprobs`` is the public entry point (a ``torch.library`` custom op underneath: the
-chunked PyTorch path on CPU, Triton kernels on CUDA). ``chunked`` holds the PyTorch path and
-the naive reference; ``triton_logprobs`` the kernels (imported only on first CUDA use, since
-``triton`` reads ``TRITON_INTERPRET`` when it is imported).
+``fused_logprobs`` is the public entry point (a ``torch.library`` custom op underneath).
+``implementations(device)`` names the implementations a device can run (``chunked`` and
+``full_vocab`` in PyTorch everywhere; ``triton`` and ``triton_owned`` on CUDA); ``choose`` picks
+one per call (forced by name, or timed once per shape bucket: ``chosen_implementation``,
+``choices``, ``clear_choices``). ``chunked`` also holds the naive reference. The Triton modules
+are imported only on first use, since ``triton`` reads ``TRITON_INTERPRET`` when it is imported.
 """
+from .choose import ENV as IMPL_ENV
+from .choose import Choice, choices, chosen_implementation, clear_choices
 from .chunked import reference_logprobs
 from .fused_logprobs import fused_logprobs
+from .implementations import implementations
 
-__all__ = ["fused_logprobs", "reference_logprobs"]
+__all__ = ["Choice", "IMPL_ENV", "choices", "chosen_implementation", "clear_choices", "fused_logprobs",
+           "implementations", "reference_logprobs"]

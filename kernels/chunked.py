@@ -135,6 +135,28 @@ def chunked_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets
     return logp, ent, lse
 
 
+def row_coefficients(grad_logp: Tensor | None, grad_entropy: Tensor | None, entropy: Tensor | None,
+                     valid: Tensor, cdt: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Per-row ``(g, g_ent, A)`` of ``dz = g * onehot + p * (A + B * log p)``, ``B = -g_ent``.
+
+    ``A = -(g + g_ent * entropy)``. Ignored rows contribute nothing: their upstream gradients
+    are zeroed here, once. ``g_ent`` is None when the entropy's gradient is (then ``B = 0``).
+    """
+    g = (valid.new_zeros(valid.shape, dtype=cdt) if grad_logp is None else grad_logp.to(cdt)).masked_fill(~valid, 0.0)
+    g_ent = None if grad_entropy is None else grad_entropy.to(cdt).masked_fill(~valid, 0.0)
+    coef_a = -g if g_ent is None else -(g + g_ent * entropy.to(cdt))
+    return g, g_ent, coef_a
+
+
+def softmax_grad_(logp: Tensor, out: Tensor, coef_a: Tensor, g_ent: Tensor | None) -> Tensor:
+    """``p * (A + B * log p)`` of a ``[rows, cols]`` block of log-probs into ``out`` (the
+    one-hot term is the caller's); overwrites ``logp`` when the entropy term is there."""
+    dz = torch.exp(logp, out=out)
+    if g_ent is None:  # no entropy gradient: not one flop of its terms
+        return dz.mul_(coef_a.unsqueeze(1))
+    return dz.mul_(logp.mul_(-g_ent.unsqueeze(1)).add_(coef_a.unsqueeze(1)))
+
+
 @torch.no_grad()
 def chunked_backward(grad_logp: Tensor | None, grad_entropy: Tensor | None, hidden: Tensor, weight: Tensor,
                      bias: Tensor | None, targets: Tensor, lse: Tensor, entropy: Tensor | None,
@@ -165,11 +187,7 @@ def chunked_backward(grad_logp: Tensor | None, grad_entropy: Tensor | None, hidd
     cdt, b, valid, safe = _prepare(hidden, weight, bias, targets, temperature, ignore_index)
     (n, width), vocab = hidden.shape, weight.shape[0]
     zeros = dict(dtype=cdt, device=hidden.device)
-    # Ignored rows contribute nothing: zero their upstream gradients once, up front. Then
-    # dz = g * onehot + p * (A + B * log p) with per-row A = -(g + g_ent * entropy), B = -g_ent.
-    g = (torch.zeros(n, **zeros) if grad_logp is None else grad_logp.to(cdt)).masked_fill(~valid, 0.0)
-    g_ent = None if grad_entropy is None else grad_entropy.to(cdt).masked_fill(~valid, 0.0)
-    coef_a = -g if g_ent is None else -(g + g_ent * entropy.to(cdt))
+    g, g_ent, coef_a = row_coefficients(grad_logp, grad_entropy, entropy, valid, cdt)
     d_h = torch.zeros(hidden.shape, **zeros) if need_hidden else None
     d_w = torch.empty_like(weight) if need_weight else None  # filled tile by tile, in weight's dtype
     d_b = torch.zeros(vocab, **zeros) if need_weight and bias is not None else None
@@ -190,11 +208,7 @@ def chunked_backward(grad_logp: Tensor | None, grad_entropy: Tensor | None, hidd
                 torch.addmm(-lse[rows].to(cdt).unsqueeze(1), u, w.T, out=logp)
             else:
                 torch.addmm(b[v0:v1], u, w.T, out=logp).sub_(lse[rows].to(cdt).unsqueeze(1))
-            dz = torch.exp(logp, out=scratch.get(1, *logp.shape))
-            if g_ent is None:
-                dz.mul_(coef_a[rows].unsqueeze(1))
-            else:
-                dz.mul_(logp.mul_(-g_ent[rows].unsqueeze(1)).add_(coef_a[rows].unsqueeze(1)))
+            dz = softmax_grad_(logp, scratch.get(1, *logp.shape), coef_a[rows], None if g_ent is None else g_ent[rows])
             col, inside = _target_in_tile(safe[rows], v0, v1 - v0)
             dz.scatter_add_(1, col, torch.where(inside, g[rows], 0.0).unsqueeze(1))
             if d_h is not None:

@@ -1,9 +1,10 @@
 """`fused_logprobs`: target log-probs and entropies straight from hidden states and the LM head.
 
-Registered as the custom ops ``lightning_rlpt::fused_logprobs_fwd`` and ``..._bwd``: the
-chunked PyTorch path on CPU (and on any device without a better kernel), the Triton kernels
-on CUDA, fake implementations for ``torch.compile``, and an autograd formula whose backward
-is the ``_bwd`` op. Neither direction ever holds the full ``[tokens, vocab]`` logits.
+Registered as the custom ops ``lightning_rlpt::fused_logprobs_fwd`` and ``..._bwd``, whose
+implementation is picked per call by `choose` (forced by name, or measured once per shape
+bucket: see `implementations`), fake implementations for ``torch.compile``, and an autograd
+formula whose backward is the ``_bwd`` op. Neither direction ever holds the full
+``[tokens, vocab]`` logits.
 """
 from __future__ import annotations
 
@@ -14,14 +15,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .chunked import chunked_backward, chunked_forward, compute_dtype
+from . import choose
+from .chunked import compute_dtype
+from .implementations import BACKWARD, FORWARD
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _use_triton(hidden: Tensor, weight: Tensor) -> bool:
-    # Triton has no fast fp64 dot: fp64 (e.g. gradcheck) takes the chunked path on CUDA too.
-    return compute_dtype(hidden.dtype, weight.dtype) != torch.float64
 
 
 def _check_values(hidden: Tensor, targets: Tensor, vocab: int, ignore_index: int) -> None:
@@ -47,47 +45,41 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device.type, enabled=False) if usable else contextlib.nullcontext()
 
 
-def _forward(hidden, weight, bias, targets, temperature, ignore_index, with_entropy, triton):
+def _forward(hidden, weight, bias, targets, temperature, ignore_index, with_entropy, impl=""):
     _check_values(hidden, targets, weight.shape[0], ignore_index)
+
+    def run(name):
+        return FORWARD[name](hidden, weight, bias, targets, temperature, ignore_index, with_entropy)
+
     with _no_autocast(hidden.device):
-        if triton:
-            from .triton_logprobs import triton_forward  # late import: triton reads TRITON_INTERPRET on load
-            logp, ent, lse = triton_forward(hidden, weight, bias, targets, temperature, ignore_index, with_entropy)
-        else:
-            logp, ent, lse = chunked_forward(hidden, weight, bias, targets, temperature, ignore_index, with_entropy)
+        logp, ent, lse = choose.dispatch("forward", impl, hidden, weight, bias, choose.forward_flags(with_entropy), run)
     return logp, (ent if ent is not None else logp.new_empty(0)), lse
 
 
 @torch.library.custom_op("lightning_rlpt::fused_logprobs_fwd", mutates_args=())
 def _fwd(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor, temperature: float,
-         ignore_index: int, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(logp [N], entropy [N] or [0], lse [N])`` of 2-D hidden states ``[N, H]``."""
-    return _forward(hidden, weight, bias, targets, temperature, ignore_index, with_entropy, triton=False)
-
-
-@_fwd.register_kernel("cuda")
-def _fwd_cuda(hidden, weight, bias, targets, temperature, ignore_index, with_entropy):
-    return _forward(hidden, weight, bias, targets, temperature, ignore_index, with_entropy,
-                    _use_triton(hidden, weight))
+         ignore_index: int, with_entropy: bool, impl: str = "") -> tuple[Tensor, Tensor, Tensor]:
+    """``(logp [N], entropy [N] or [0], lse [N])`` of 2-D hidden states ``[N, H]``; ``impl``: a name,
+    ``"auto"`` or ``""`` (the environment variable, else the device's default; see `choose`)."""
+    return _forward(hidden, weight, bias, targets, temperature, ignore_index, with_entropy, impl)
 
 
 @_fwd.register_fake
-def _fwd_fake(hidden, weight, bias, targets, temperature, ignore_index, with_entropy):
+def _fwd_fake(hidden, weight, bias, targets, temperature, ignore_index, with_entropy, impl=""):
     n, dt = hidden.shape[0], compute_dtype(hidden.dtype, weight.dtype)
     return (hidden.new_empty(n, dtype=dt), hidden.new_empty(n if with_entropy else 0, dtype=dt),
             hidden.new_empty(n, dtype=dt))
 
 
 def _backward(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, temperature, ignore_index,
-              need_hidden, need_weight, triton):
-    if triton:
-        from .triton_logprobs import triton_backward
-        fn = triton_backward
-    else:
-        fn = chunked_backward
+              need_hidden, need_weight, impl=""):
+    def run(name):
+        return BACKWARD[name](grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, temperature,
+                              ignore_index, need_hidden, need_weight)
+
+    flags = choose.backward_flags(grad_entropy is not None, need_hidden, need_weight)
     with _no_autocast(hidden.device):
-        d_h, d_w, d_b = fn(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, temperature,
-                           ignore_index, need_hidden, need_weight)
+        d_h, d_w, d_b = choose.dispatch("backward", impl, hidden, weight, bias, flags, run)
     # Ops return tensors only: an empty tensor stands for "not computed".
     return tuple(g if g is not None else hidden.new_empty(0) for g in (d_h, d_w, d_b))
 
@@ -95,22 +87,15 @@ def _backward(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entro
 @torch.library.custom_op("lightning_rlpt::fused_logprobs_bwd", mutates_args=())
 def _bwd(grad_logp: Optional[Tensor], grad_entropy: Optional[Tensor], hidden: Tensor, weight: Tensor,
          bias: Optional[Tensor], targets: Tensor, lse: Tensor, entropy: Tensor, temperature: float,
-         ignore_index: int, need_hidden: bool, need_weight: bool) -> tuple[Tensor, Tensor, Tensor]:
+         ignore_index: int, need_hidden: bool, need_weight: bool, impl: str = "") -> tuple[Tensor, Tensor, Tensor]:
     """``(d hidden, d weight, d bias)``; each empty where not needed (or no bias)."""
     return _backward(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, temperature,
-                     ignore_index, need_hidden, need_weight, triton=False)
-
-
-@_bwd.register_kernel("cuda")
-def _bwd_cuda(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, temperature, ignore_index,
-              need_hidden, need_weight):
-    return _backward(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, temperature,
-                     ignore_index, need_hidden, need_weight, _use_triton(hidden, weight))
+                     ignore_index, need_hidden, need_weight, impl)
 
 
 @_bwd.register_fake
 def _bwd_fake(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, temperature, ignore_index,
-              need_hidden, need_weight):
+              need_hidden, need_weight, impl=""):
     d_h = torch.empty_like(hidden) if need_hidden else hidden.new_empty(0)
     d_w = torch.empty_like(weight) if need_weight else hidden.new_empty(0)
     d_b = torch.empty_like(bias) if need_weight and bias is not None else hidden.new_empty(0)
@@ -118,19 +103,22 @@ def _bwd_fake(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entro
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, temperature, ignore_index, with_entropy = inputs
+    hidden, weight, bias, targets, temperature, ignore_index, with_entropy, impl = inputs
     _, entropy, lse = output
     ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-    ctx.temperature, ctx.ignore_index, ctx.with_entropy = temperature, ignore_index, with_entropy
+    ctx.temperature, ctx.ignore_index, ctx.with_entropy, ctx.impl = temperature, ignore_index, with_entropy, impl
+    # An output nobody differentiates (a detached entropy) reaches the backward as None, not as
+    # zeros: its terms then cost no arithmetic at all.
+    ctx.set_materialize_grads(False)
 
 
 def _fwd_backward(ctx, grad_logp, grad_entropy, _grad_lse):
     hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
     need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
     d_h, d_w, d_b = _bwd(grad_logp, grad_entropy if ctx.with_entropy else None, hidden, weight, bias, targets,
-                         lse, entropy, ctx.temperature, ctx.ignore_index, need_hidden, need_weight)
+                         lse, entropy, ctx.temperature, ctx.ignore_index, need_hidden, need_weight, ctx.impl)
     return (d_h if need_hidden else None, d_w if ctx.needs_input_grad[1] else None,
-            d_b if bias is not None and ctx.needs_input_grad[2] else None, None, None, None, None)
+            d_b if bias is not None and ctx.needs_input_grad[2] else None, None, None, None, None, None)
 
 
 torch.library.register_autograd("lightning_rlpt::fused_logprobs_fwd", _fwd_backward, setup_context=_setup_context)
@@ -167,8 +155,8 @@ def _validate(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | No
 
 
 def fused_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None,
-                   temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = True
-                   ) -> tuple[Tensor, Tensor | None]:
+                   temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = True,
+                   impl: str | None = None) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each target and entropy of each softmax, without materialising the logits.
 
     With ``z = (hidden @ weight.T + bias) / temperature``: ``logprobs = log_softmax(z)[target]``
@@ -183,6 +171,9 @@ def fused_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Ten
         temperature: the logits are divided by it (> 0).
         ignore_index: targets equal to it give log-prob 0, entropy 0 and no gradient.
         return_entropy: if False, the entropy is neither computed nor returned (None).
+        impl: which implementation runs (`implementations` lists a device's names); ``"auto"``
+            times them once per shape bucket and keeps the fastest. None: the environment
+            variable ``LIGHTNING_RLPT_LOGPROB_IMPL``, else ``"auto"`` on CUDA, ``"chunked"`` elsewhere.
 
     Returns:
         ``(logprobs, entropy)`` of shape ``targets.shape``, float32 (float64 for float64
@@ -190,7 +181,8 @@ def fused_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Ten
 
     Raises:
         ValueError: mismatched shapes/devices/dtypes, temperature <= 0, target ids outside
-            ``[0, V)`` other than ``ignore_index``, or NaN/Inf hidden states.
+            ``[0, V)`` other than ``ignore_index``, NaN/Inf hidden states, or an ``impl`` (or
+            variable) naming no implementation usable on this device (the message lists them).
 
     Example:
         >>> hidden, weight = torch.zeros(2, 3, 4), torch.zeros(8, 4)
@@ -199,6 +191,8 @@ def fused_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Ten
         [-2.079441547393799, -2.079441547393799, 0.0]
     """
     _validate(hidden, weight, targets, bias, temperature)
+    if impl is not None:
+        choose.check_impl(impl, weight.device, compute_dtype(hidden.dtype, weight.dtype))
     logp, entropy, _ = _fwd(hidden.reshape(-1, hidden.shape[-1]), weight, bias, targets.reshape(-1),
-                            float(temperature), int(ignore_index), bool(return_entropy))
+                            float(temperature), int(ignore_index), bool(return_entropy), impl or "")
     return logp.view(targets.shape), (entropy.view(targets.shape) if return_entropy else None)

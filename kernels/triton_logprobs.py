@@ -81,13 +81,11 @@ def _forward_kernel(h_ptr, w_ptr, b_ptr, t_ptr, m_ptr, s_ptr, a_ptr, zt_ptr, N, 
 
 
 @triton.jit
-def _backward_kernel(h_ptr, w_ptr, b_ptr, t_ptr, lse_ptr, ent_ptr, glp_ptr, gent_ptr, dh_ptr, dw_ptr, db_ptr,
-                     N, V, H, inv_t, HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr,
-                     NEED_HIDDEN: tl.constexpr, NEED_WEIGHT: tl.constexpr, PRECISION: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
-    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    cols = (tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
-    row_ok, col_ok = rows < N, cols < V
+def dz_tile(h_ptr, w_ptr, b_ptr, t_ptr, lse_ptr, ent_ptr, glp_ptr, gent_ptr, rows, cols, row_ok, col_ok, H, inv_t,
+            HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr, PRECISION: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+    """``dz / T`` of one float32 ``[BLOCK_N, BLOCK_V]`` tile (zero outside the matrix), recomputed
+    from the saved lse/entropy: the gradient through ``z = (h @ W.T + b) / T`` wants it over T."""
     z = _logits_tile(h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, H, inv_t, HAS_BIAS, PRECISION,
                      BLOCK_N, BLOCK_V, BLOCK_H)
     tgt = tl.load(t_ptr + rows, mask=row_ok, other=0)
@@ -100,7 +98,19 @@ def _backward_kernel(h_ptr, w_ptr, b_ptr, t_ptr, lse_ptr, ent_ptr, glp_ptr, gent
         ge = tl.load(gent_ptr + rows, mask=row_ok, other=0.0)
         coef += ge[:, None] * (logp + ent[:, None])
     dz = tl.where(cols[None, :] == tgt[:, None], g[:, None], 0.0) - p * coef
-    dz = tl.where(row_ok[:, None] & col_ok[None, :], dz, 0.0) * inv_t
+    return tl.where(row_ok[:, None] & col_ok[None, :], dz, 0.0) * inv_t
+
+
+@triton.jit
+def _backward_kernel(h_ptr, w_ptr, b_ptr, t_ptr, lse_ptr, ent_ptr, glp_ptr, gent_ptr, dh_ptr, dw_ptr, db_ptr,
+                     N, V, H, inv_t, HAS_BIAS: tl.constexpr, WITH_ENTROPY: tl.constexpr,
+                     NEED_HIDDEN: tl.constexpr, NEED_WEIGHT: tl.constexpr, PRECISION: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr):
+    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    cols = (tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+    row_ok, col_ok = rows < N, cols < V
+    dz = dz_tile(h_ptr, w_ptr, b_ptr, t_ptr, lse_ptr, ent_ptr, glp_ptr, gent_ptr, rows, cols, row_ok, col_ok, H,
+                 inv_t, HAS_BIAS, WITH_ENTROPY, PRECISION, BLOCK_N, BLOCK_V, BLOCK_H)
     if HAS_BIAS and NEED_WEIGHT:
         tl.atomic_add(db_ptr + cols, tl.sum(dz, axis=0), mask=col_ok)
     dz_in = dz.to(w_ptr.dtype.element_ty)  # tensor-core operands; the dots accumulate in fp32
@@ -179,26 +189,43 @@ def triton_backward(grad_logp: Tensor | None, grad_entropy: Tensor | None, hidde
         >>> logp, ent, lse = triton_forward(h, w, None, t, 1.0, -100, True, block_v=16)
         >>> dh, dw, _ = triton_backward(torch.ones(5), None, h, w, None, t, lse, ent, 1.0, -100, block_v=16)
     """
-    h_dtype, w_dtype = hidden.dtype, weight.dtype
-    hidden, weight = _common(hidden, weight)
-    n, vocab, width = hidden.shape[0], weight.shape[0], hidden.shape[1]
-    f32 = dict(dtype=torch.float32, device=hidden.device)
-    valid = targets != ignore_index
-    safe = torch.where(valid, targets, 0).contiguous()
-    g_logp = torch.zeros(n, **f32) if grad_logp is None else grad_logp.float()
-    g_logp = g_logp.masked_fill(~valid, 0.0).contiguous()
-    with_ent = grad_entropy is not None
-    g_ent = grad_entropy.float().masked_fill(~valid, 0.0).contiguous() if with_ent else g_logp
-    d_h = torch.zeros(n, width, **f32) if need_hidden else g_logp
-    d_w = torch.zeros(vocab, width, **f32) if need_weight else g_logp
-    d_b = torch.zeros(vocab, **f32) if need_weight and bias is not None else g_logp
-    if n:
-        _backward_kernel[(triton.cdiv(n, block_n), triton.cdiv(vocab, block_v))](
-            hidden, weight, bias if bias is not None else weight, safe, lse.float().contiguous(),
-            entropy.float().contiguous() if with_ent else g_logp, g_logp, g_ent, d_h, d_w, d_b,
-            n, vocab, width, 1.0 / temperature, HAS_BIAS=bias is not None, WITH_ENTROPY=with_ent,
-            NEED_HIDDEN=need_hidden, NEED_WEIGHT=need_weight, PRECISION=_precision(hidden.dtype),
-            BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_H=block_h)
-    return (d_h.to(h_dtype) if need_hidden else None, d_w.to(w_dtype) if need_weight else None,
-            d_b.to(bias.dtype) if need_weight and bias is not None else None)
+    ops = BackwardOperands(grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, ignore_index,
+                           need_hidden, need_weight)
+    if ops.n:
+        _backward_kernel[(triton.cdiv(ops.n, block_n), triton.cdiv(ops.vocab, block_v))](
+            *ops.inputs, ops.d_h, ops.d_w, ops.d_b, ops.n, ops.vocab, ops.width, 1.0 / temperature,
+            HAS_BIAS=bias is not None, WITH_ENTROPY=ops.with_entropy, NEED_HIDDEN=need_hidden,
+            NEED_WEIGHT=need_weight, PRECISION=ops.precision, BLOCK_N=block_n, BLOCK_V=block_v, BLOCK_H=block_h)
+    return ops.gradients()
+
+
+class BackwardOperands:
+    """What a backward kernel reads and writes: contiguous inputs of one dtype, float32 upstream
+    gradients (zero on ignored rows), zeroed float32 gradient buffers; a dummy pointer stands in
+    for whatever is not needed (no bias, no entropy gradient, a gradient nobody wants)."""
+
+    def __init__(self, grad_logp, grad_entropy, hidden, weight, bias, targets, lse, entropy, ignore_index,
+                 need_hidden, need_weight):
+        self.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        self.need = (need_hidden, need_weight, need_weight and bias is not None)
+        hidden, weight = _common(hidden, weight)
+        (self.n, self.width), self.vocab = hidden.shape, weight.shape[0]
+        self.precision = _precision(hidden.dtype)
+        f32 = dict(dtype=torch.float32, device=hidden.device)
+        valid = targets != ignore_index
+        g_logp = torch.zeros(self.n, **f32) if grad_logp is None else grad_logp.float()
+        g_logp = g_logp.masked_fill(~valid, 0.0).contiguous()
+        self.with_entropy = grad_entropy is not None
+        g_ent = grad_entropy.float().masked_fill(~valid, 0.0).contiguous() if self.with_entropy else g_logp
+        ent = entropy.float().contiguous() if self.with_entropy else g_logp
+        self.inputs = (hidden, weight, bias if bias is not None else weight,
+                       torch.where(valid, targets, 0).contiguous(), lse.float().contiguous(), ent, g_logp, g_ent)
+        self.d_h = torch.zeros(self.n, self.width, **f32) if need_hidden else g_logp
+        self.d_w = torch.zeros(self.vocab, self.width, **f32) if need_weight else g_logp
+        self.d_b = torch.zeros(self.vocab, **f32) if self.need[2] else g_logp
+
+    def gradients(self) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """``(d hidden, d weight, d bias)`` in their inputs' dtypes; None where not needed."""
+        return tuple(buf.to(dt) if need else None
+                     for buf, dt, need in zip((self.d_h, self.d_w, self.d_b), self.dtypes, self.need))
 

@@ -15,6 +15,7 @@ SKIP = {
     # Its examples need TRITON_INTERPRET=1 set before triton is imported (or a GPU):
     # tests/kernels/test_kernels_triton.py runs them in such a subprocess.
     "lightning_rlpt.kernels.triton_logprobs",
+    "lightning_rlpt.kernels.triton_owned",
 }
 PACKAGES = (lightning_rlpt, lightning_rlpt.callbacks, lightning_rlpt.kernels)
 MODULES = sorted({m.name for package in PACKAGES for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")

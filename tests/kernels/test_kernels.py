@@ -1,4 +1,4 @@
-"""fused_logprobs (chunked PyTorch path, custom op, autograd, compile) against the naive reference.
+"""fused_logprobs (both PyTorch implementations, custom op, autograd, compile) against the naive reference.
 
 Tolerances: fp64 1e-12; fp32 1e-5 absolute on log-probs/entropies and 1e-5 + 1e-4 relative on
 gradients; bf16 inputs: log-probs/entropies still within 1e-5 of an fp64 evaluation of the
@@ -6,13 +6,14 @@ same bf16 numbers (fp32 accumulation), gradients within bf16 rounding (1 % of th
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lightning_rlpt.kernels import chunked, fused_logprobs, reference_logprobs
+from lightning_rlpt.kernels import chunked, full_vocab, fused_logprobs, reference_logprobs
 from lightning_rlpt.kernels.fused_logprobs import _fwd
 
 TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-4), torch.bfloat16: (1e-5, None)}
@@ -20,9 +21,11 @@ TOL = {torch.float64: (1e-12, 1e-12), torch.float32: (1e-5, 1e-4), torch.bfloat1
 
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
-    """Tiles far smaller than the shapes, and V never a multiple of the vocab tile."""
+    """Tiles far smaller than the shapes, and V never a multiple of the vocab tile; full_vocab
+    blocks of a few rows (4 at V = 37 in fp32), so several chunks run."""
     monkeypatch.setattr(chunked, "TOKEN_CHUNK", 4)
     monkeypatch.setattr(chunked, "VOCAB_TILE", 16)
+    monkeypatch.setattr(full_vocab, "BLOCK_BYTES", 600)
 
 
 def make(lead, hidden_size, vocab, dtype, bias=True, seed=0, scale=1.0):
@@ -48,12 +51,13 @@ def fp64_leaves(h, w, b):
     return [None if x is None else x.detach().double().requires_grad_() for x in (h, w, b)]
 
 
+@pytest.mark.parametrize("impl", ["chunked", "full_vocab"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("lead, hidden_size, vocab", [((1,), 8, 5), ((13,), 8, 37), ((2, 5), 16, 50)])
 @pytest.mark.parametrize("bias, temperature", [(True, 0.7), (False, 1.0)])
-def test_matches_naive_reference(dtype, lead, hidden_size, vocab, bias, temperature):
+def test_matches_naive_reference(impl, dtype, lead, hidden_size, vocab, bias, temperature):
     h, w, b, t = make(lead, hidden_size, vocab, dtype, bias)
-    logp, ent, got = grads(h, w, b, t, fused_logprobs, temperature)
+    logp, ent, got = grads(h, w, b, t, functools.partial(fused_logprobs, impl=impl), temperature)
     ref_logp, ref_ent, want = grads(*fp64_leaves(h, w, b), t, reference_logprobs, temperature)
     assert logp.shape == ent.shape == t.shape
     assert logp.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
@@ -150,11 +154,12 @@ def test_frozen_head_skips_weight_gradient():
     torch.testing.assert_close(dh, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_gradcheck_float64():
+@pytest.mark.parametrize("impl", ["chunked", "full_vocab"])
+def test_gradcheck_float64(impl):
     h, w, b, t = make((5,), 3, 19, torch.float64)
 
     def fn(h, w, b):
-        return fused_logprobs(h, w, t, bias=b, temperature=0.8)
+        return fused_logprobs(h, w, t, bias=b, temperature=0.8, impl=impl)
 
     assert torch.autograd.gradcheck(fn, (h, w, b))
 
@@ -196,16 +201,28 @@ def test_never_materialises_full_logits():
     assert mode.largest <= max(vocab * hidden_size, n * hidden_size, 4 * 16) < n * vocab / 8
 
 
+def test_full_vocab_blocks_stay_within_their_budget(monkeypatch):
+    n, hidden_size, vocab = 64, 4, 300  # BLOCK_BYTES fits 16 rows of V in fp32: 4,800 numbers < N*V = 19,200
+    monkeypatch.setattr(full_vocab, "BLOCK_BYTES", 16 * vocab * 4)
+    h, w, b, t = (x.detach() if x.dtype.is_floating_point else x for x in make((n,), hidden_size, vocab, torch.float32))
+    with _LargestTensor() as mode:
+        logp, ent, lse = full_vocab.full_vocab_forward(h, w, b, t, 1.0, -100, True)
+        full_vocab.full_vocab_backward(torch.ones(n), torch.ones(n), h, w, b, t, lse, ent, 1.0, -100)
+    assert full_vocab.block_rows(n, vocab, torch.float32) == 16
+    assert mode.largest <= max(vocab * hidden_size, 16 * vocab) < n * vocab / 2
+
+
 def test_opcheck_registrations():
     h, w, b, t = make((6,), 8, 37, torch.float32)
     torch.library.opcheck(_fwd, (h.reshape(-1, 8), w, b, t, 0.7, -100, True))
 
 
-def test_torch_compile_matches_eager():
+@pytest.mark.parametrize("impl", [None, "full_vocab"])
+def test_torch_compile_matches_eager(impl):
     h, w, b, t = make((2, 5), 8, 37, torch.float32)
 
     def loss_fn(h, w, b):
-        logp, ent = fused_logprobs(h, w, t, bias=b, temperature=0.7)
+        logp, ent = fused_logprobs(h, w, t, bias=b, temperature=0.7, impl=impl)
         return (logp * 2).sum() + ent.mean()
 
     compiled = torch.compile(loss_fn, fullgraph=True)  # fullgraph: the op must not break the graph
