@@ -4,7 +4,8 @@ wrong one (docs/cli.md, "Resuming a run").
 ``checkpoint["lightning_rlpt"]`` holds:
 
 - the run's state: ``policy_version``, ``rollout_draws`` (how many rollout seeds were drawn: the
-  stream is a function of seed, rank and this count, see `rollout_stream`), the ``knobs``
+  stream is a function of seed, rank and this count, see `rollout_stream`), ``tokens_seen``
+  (the ``num_tokens`` metric's running count), the ``knobs``
   and ``model_source``. A fit resumed from a checkpoint without it is refused: it would restart
   the policy version at 0 and replay the rollout stream from its start;
 - ``algorithm``: the settings that change what is trained (`ALGORITHM_KEYS`). A fit resumed
@@ -93,7 +94,7 @@ def save_state(module: Any, checkpoint: dict[str, Any]) -> None:
     checksums = tensor_checksums(checkpoint.get("state_dict") or {}) if module.hparams.checkpoint_checksums else None
     checkpoint["lightning_rlpt"] = {
         "policy_version": module.policy_version, "rollout_draws": module.rollout_draws,
-        "knobs": module.knobs.state_dict(), "model_source": module.model_source,
+        "tokens_seen": module.tokens_seen, "knobs": module.knobs.state_dict(), "model_source": module.model_source,
         "algorithm": algorithm_settings(module), "checksums": checksums}
 
 
@@ -116,6 +117,7 @@ def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
                       "of where the run left it", stacklevel=2)
     module.policy_version = state["policy_version"]
     module.rollout_draws = state.get("rollout_draws", state["policy_version"])
+    module.tokens_seen = state.get("tokens_seen", 0)  # num_tokens: older checkpoints did not count
     module.knobs.load_state_dict(state.get("knobs", state))  # older checkpoints kept the knobs at the top
 
 

@@ -155,22 +155,23 @@ def score(exp: Experience, rewards: RewardFunctions, trainer_state: Any = None) 
 
 def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,
                     group_size: int, names: list[str], failures: torch.Tensor) -> dict[str, float]:
-    """TRL's names for what a rollout looked like (pass tensors gathered from every rank).
+    """TRL's names for what a rollout looked like, with TRL's meanings (pass tensors gathered
+    from every rank; docs/metrics.md lists each).
 
-    Per function: ``rewards/<name>/mean`` and ``std`` over the samples it applies to (not None,
-    as TRL's ``nanmean``/``nanstd``; left out when it applied to none), ``none_frac`` (the share
-    of samples it returned None for) and ``failures`` (samples scored 0 under
-    ``reward_on_error="zero"``)."""
+    ``reward_std`` is the (unbiased) std over the whole batch, as TRL's ``nanstd(rewards)``;
+    ``reward_std/group_mean`` the mean of the per-group stds (the spread GRPO learns from);
+    ``frac_reward_zero_std`` the share of groups whose std is 0. Per function:
+    ``rewards/<name>/mean`` and ``std`` over the samples it applies to (not None, as TRL's
+    ``nanmean``/``nanstd``; left out when it applied to none), ``none_frac`` (the share of
+    samples it returned None for) and ``failures`` (samples scored 0 under
+    ``reward_on_error="zero"``). Lengths: `length_metrics`."""
     group_std = rewards.view(-1, group_size).std(dim=1)
-    lengths = lengths.float()
     out = {
         "reward": rewards.mean().item(),
-        "reward_std": group_std.mean().item(),
+        "reward_std": rewards.std().item(),
+        "reward_std/group_mean": group_std.mean().item(),
         "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
-        "completions/mean_length": lengths.mean().item(),
-        "completions/min_length": lengths.min().item(),
-        "completions/max_length": lengths.max().item(),
-        "completions/clipped_ratio": truncated.float().mean().item(),
+        **length_metrics(lengths, truncated),
     }
     for j, name in enumerate(names):
         col = per_func[:, j]
@@ -181,3 +182,27 @@ def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torc
         out[f"rewards/{name}/none_frac"] = 1.0 - len(applied) / max(len(col), 1)
         out[f"rewards/{name}/failures"] = float(failures[j])
     return out
+
+
+def length_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """``completions/{mean,min,max}_length`` over every completion, ``clipped_ratio`` (the share
+    that did not end with EOS) and ``{mean,min,max}_terminated_length`` over those that did; all
+    three are 0 when none did (TRL's ``_generate_and_score_completions`` logs its
+    ``torch.zeros(1)`` then).
+
+    Args:
+        lengths: ``[N]`` model tokens of each completion (EOS counted; an episode's tool tokens not).
+        truncated: ``[N]`` bool, True where the completion did not end with EOS.
+    """
+    lengths = lengths.float()
+    ended = lengths[~truncated.bool()]
+    ended = ended if len(ended) else lengths.new_zeros(1)
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
+        "completions/mean_terminated_length": ended.mean().item(),
+        "completions/min_terminated_length": ended.min().item(),
+        "completions/max_terminated_length": ended.max().item(),
+    }

@@ -25,6 +25,9 @@ from ..rollout.episodes.rollout import rollout_episodes
 class MakeExperience:
     """Mixin of `RLModule` (which supplies the engine, rewards, models and hyper-parameters)."""
 
+    # Prompt + completion tokens of every training rollout so far, all ranks (checkpointed).
+    tokens_seen: int = 0
+
     # Set by the first rollout whose prompts max_prompt_length cut (`sample` warns once).
     _warned_prompt_cut: bool = False
 
@@ -82,15 +85,19 @@ class MakeExperience:
         warnings.warn(collect.truncation_warning(cut, prompts, limit, where), UserWarning, stacklevel=3)
 
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
-        """Rollout metrics over every rank's samples (gathered, so stds and groups are exact)."""
+        """Rollout metrics over every rank's samples (gathered, so stds and groups are exact), and
+        ``num_tokens``: TRL's running count of prompt + completion (model) tokens over all ranks."""
         counts = torch.tensor([*failures.values(), cut], dtype=torch.float32, device=self.device)
-        parts = [exp.rewards, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated, counts]
+        parts = [exp.rewards, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated,
+                 exp.prompt_mask.sum(1), counts]
         if self.trainer.world_size > 1:
-            parts = [g.flatten(0, 1) for g in self.all_gather(parts[:4])] + [self.all_gather(counts).sum(0)]
-        rewards, per_func, lengths, truncated, counts = parts
+            parts = [g.flatten(0, 1) for g in self.all_gather(parts[:5])] + [self.all_gather(counts).sum(0)]
+        rewards, per_func, lengths, truncated, prompt_lengths, counts = parts
         metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
                                           counts[:-1])
-        self._log_dict({**metrics, "prompts/truncated": float(counts[-1])}, sync=False)
+        self.tokens_seen += int(prompt_lengths.sum().item() + lengths.sum().item())
+        self._log_dict({**metrics, "prompts/truncated": float(counts[-1]), "num_tokens": float(self.tokens_seen)},
+                       sync=False)
         if "turns" in exp.info:  # multi-turn episodes (rollout/episodes)
             self._log_dict(self._episode_metrics(exp), sync=False)
 

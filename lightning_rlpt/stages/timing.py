@@ -1,4 +1,5 @@
-"""`StepTimer`: wall seconds of each stage of a training step (verl's ``timing/*`` names)."""
+"""`StepTimer`: wall seconds of each stage of a training step (verl's ``timing/*`` names), and
+`seconds_since` for the whole step (``step_time``)."""
 from __future__ import annotations
 
 import time
@@ -37,6 +38,12 @@ class StepTimer:
         out = {f"timing/{k}": v for k, v in self.seconds.items()}
         self.seconds = {}
         return out
+
+
+def seconds_since(start: float) -> float:
+    """Wall seconds since ``start`` (a ``time.perf_counter()`` reading), CUDA work included."""
+    _sync()
+    return time.perf_counter() - start
 
 
 def _sync() -> None:

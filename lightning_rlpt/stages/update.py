@@ -34,6 +34,8 @@ from ..hooks import call_hook
 from ..model.distributed import reduce_over_ranks
 from ..model.trainer_checks import adopt_trainer_knobs
 from ..model.weights import grad_norm
+from .step_metrics import add_metrics, clip_extremes, reduce_extremes
+from .timing import seconds_since
 from ..progress import count_steps
 from ..quiet import quiet_fit
 
@@ -55,6 +57,7 @@ class PolicyUpdate:
             minibatch = call_hook(self.trainer, self, "on_before_loss", exp.select(rows))
             with self.timer("update"):
                 stats = self.accumulate_gradients(minibatch)
+                learning_rate = opt.optimizer.param_groups[0]["lr"]  # the rate this step uses (TRL's too)
                 opt.step()  # clipping runs in on_before_optimizer_step, after AMP unscaling
                 self.step_scheduler()
                 opt.zero_grad(set_to_none=True)  # free the gradients until the next backward needs them
@@ -69,12 +72,16 @@ class PolicyUpdate:
         metrics = {k: v / steps for k, v in totals.items()}
         metrics.update(self.timer.pop())
         tokens = reduce_over_ranks(self._trainer, [float(exp.prompt_mask.sum() + exp.completion_mask.sum())])[0]
-        metrics["throughput/tokens_per_s"] = tokens / max(time.perf_counter() - start, 1e-9)
+        seconds = seconds_since(start)
+        metrics["throughput/tokens_per_s"] = tokens / max(seconds, 1e-9)
+        # TRL's step_time is seconds per optimizer step (its generation included), as here.
+        metrics.update(step_time=seconds / steps, learning_rate=learning_rate)
         self._log_dict(metrics, prog_bar_keys=PROGRESS_BAR)
 
     def accumulate_gradients(self, minibatch: Experience) -> dict[str, float]:
         """Zero the gradients, then forward and backward every micro-batch of ``minibatch``;
-        returns the mini-batch's metrics (sums of the micro-batches' shares)."""
+        returns the mini-batch's metrics (sums of the micro-batches' shares; `step_metrics`'
+        extremes over its sequences on every rank)."""
         mask = self.loss_mask(minibatch)
         counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])  # global counts
         threshold = self._minibatch_entropy_threshold(minibatch, mask)
@@ -91,8 +98,8 @@ class PolicyUpdate:
             if dummy:
                 continue
             current[rows.to(current.device), :logp.shape[1]] = logp.float()
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v
+            add_metrics(totals, stats)
+        reduce_extremes(self._trainer, totals)
         if minibatch.old_logprobs is None and minibatch.behaviour_logprobs is not None:
             # The single on-policy pass: π_old is the current policy (see `_fill_logprobs`).
             totals.update(mismatch_metrics(current, minibatch.behaviour_logprobs, mask))
@@ -142,6 +149,7 @@ class PolicyUpdate:
                               dual_clip=self.objective.dual_clip, staleness=self.policy_version - mb.policy_version,
                               **self.policy_loss_kwargs), policy_mask=policy_mask)
         metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
+        metrics.update(clip_extremes(stats, mask))  # clip_ratio/low_min, high_max: min/max over sequences
         metrics["entropy"] = token_mean(entropy)
         if policy_mask is not None:
             metrics["top_entropy/kept_fraction"] = token_mean(policy_mask)

@@ -12,9 +12,11 @@ import tiny_task as task
 from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 
-METRICS = ["reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
-           "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "loss", "rewards/exact_answer/mean",
-           "rewards/exact_answer/std", "val/accuracy", "val/pass@1", "val/pass@2"]
+METRICS = ["reward", "reward_std", "reward_std/group_mean", "frac_reward_zero_std", "completions/mean_length",
+           "completions/clipped_ratio", "completions/mean_terminated_length", "num_tokens", "learning_rate",
+           "step_time", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/low_min",
+           "clip_ratio/high_max", "loss", "rewards/exact_answer/mean", "rewards/exact_answer/std", "val/accuracy",
+           "val/pass@1", "val/pass@2"]
 
 MODES = {
     "full": {},
