@@ -73,3 +73,24 @@ def quiet_trainer(**kwargs):
                     enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
                     log_every_n_steps=1)
     return L.Trainer(**{**defaults, **kwargs})
+
+
+@pytest.fixture
+def cluster():
+    """``cluster(["trainer0", "rollout0"])`` builds hosts as network namespaces (tests/netns_cluster.py);
+    each is torn down by PID and name after the test, also when it fails. Skipped, with the reason,
+    where namespaces cannot be made."""
+    from netns_cluster import Cluster, sweep
+    why = Cluster.unavailable()
+    if why:
+        pytest.skip(f"multi-host tests need network namespaces: {why}")
+    sweep()  # what a killed earlier run left behind
+    built: list[Cluster] = []
+
+    def build(hosts, **kwargs) -> Cluster:
+        built.append(Cluster(hosts, **kwargs))
+        return built[-1]
+
+    yield build
+    for c in built:
+        c.close()

@@ -3,6 +3,9 @@ launcher re-runs it once per rank). Writes metrics.csv and, on rank 0, the final
 
     python tests/scripts/distributed_fit.py --strategy ddp|fsdp2|single --out DIR [--resume-at N]
 
+Under ``torchrun --nnodes 2 --nproc-per-node 1`` pass ``--num-nodes 2``: one process per node,
+the same 2-rank run as ``--strategy ddp`` on one host (tests/multinode).
+
 With ``--resume-at N`` it fits N steps, saves a checkpoint (sharded under FSDP2), and a fresh
 module and Trainer resume from it up to ``--steps``; metrics of the two parts go to
 ``part0/`` and ``part1/``.
@@ -103,6 +106,7 @@ def half_constant(prompts, completions, kind, completion_ids, **_):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--strategy", default="ddp")
+    p.add_argument("--num-nodes", type=int, default=1, help="> 1: one process per node, started by torchrun")
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--prompts", type=int, default=4, help="prompts per step over all ranks")
@@ -118,6 +122,7 @@ def main() -> None:
     p.add_argument("--padding-free", action="store_true")
     p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     p.add_argument("--reward-model", default=None, help="a reward model directory, scored instead of the answer")
+    p.add_argument("--advantage", default=None, help="RLModule's advantage estimator (default: the preset's)")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.resume_at is None:
@@ -142,7 +147,7 @@ def main() -> None:
 
 
 def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=()):
-    devices = 1 if args.strategy == "single" else 2
+    devices = 1 if args.strategy == "single" or args.num_nodes > 1 else 2
     strategy = {"single": "auto", "ddp": "ddp",
                 "fsdp2": L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}[args.strategy]
     module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"),
@@ -151,7 +156,7 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                       micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens,
                       gradient_checkpointing=args.gradient_checkpointing,
                       padding_free=args.padding_free,
-                      top_entropy_quantile=args.top_entropy_quantile,
+                      top_entropy_quantile=args.top_entropy_quantile, advantage=args.advantage,
                       lora=dict(r=4, lora_alpha=8) if args.lora else None,
                       rollout_func=scripted_episodes if args.episodes else None)
     module.grad_forwards = count_grad_forwards(module.policy)
@@ -165,8 +170,8 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                                        StreamRecorder()]
     if args.episodes:
         callbacks = list(callbacks) + [EpisodeRecorder()]
-    data = PromptDataModule(rows, batch_size=args.prompts // devices, seed=1)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_steps=steps,
+    data = PromptDataModule(rows, batch_size=args.prompts // (devices * args.num_nodes), seed=1)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy, max_steps=steps,
                         logger=CSVLogger(args.out, name="", version=version), log_every_n_steps=1,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
                         callbacks=list(callbacks) + engine_callbacks(args.engine, args.out))
