@@ -262,3 +262,17 @@ def _bad(**changes):
 def test_bad_input_raises_a_clear_error(changes, message):
     with pytest.raises(ValueError, match=message):
         fused_logprobs(**_bad(**changes))
+
+
+def test_full_vocab_narrow_matmuls_binding_and_cpu_probe():
+    """bf16 operands into float32 outputs (``out_dtype``): the CUDA route of `full_vocab`. Its
+    values need a GPU (``benchmarks/gpu_check.py`` measures them); here the call itself is checked
+    on meta tensors, and the CPU probe must say no (CPU has no such kernel: operands go to fp32)."""
+    a = torch.empty(4, 8, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(8, 5, dtype=torch.bfloat16, device="meta")
+    out = torch.empty(4, 5, device="meta")
+    assert full_vocab._mm(a, b, out).dtype == torch.float32
+    assert full_vocab._mm(a, b, out, accumulate=True).shape == (4, 5)
+    assert not full_vocab._narrow_matmuls(torch.device("cpu"), torch.bfloat16)
+    h = torch.zeros(2, 8, dtype=torch.bfloat16)
+    assert full_vocab._operand_dtype(h, h, torch.float32) == torch.float32
