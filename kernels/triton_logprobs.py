@@ -10,7 +10,8 @@ there are few token blocks).
 Backward: a ``(token blocks, vocab tiles)`` grid; each program recomputes its logits tile,
 forms ``dz`` from the saved lse/entropy and atomically adds ``dz @ W`` into ``dh`` and
 ``dz.T @ h`` into ``dW`` (float32 buffers). Atomics make the gradient sums' order, and so
-their last bits, non-deterministic.
+their last bits, non-deterministic. `triton_owned` is the backward without atomics; both share
+`dz_tile` and `BackwardOperands` from here.
 
 Runs compiled on CUDA and, with ``TRITON_INTERPRET=1`` set before ``triton`` is imported, on
 CPU tensors (slow: tiny shapes only; the interpreter gets bf16 ``tl.dot`` wrong, use fp32).
