@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean bench-trl bench-memory calculator
+.PHONY: demo test install clean bench-trl bench-memory calculator gpu-check gpu-wheels
 
 install: $(STAMP)
 
@@ -44,6 +44,28 @@ bench-memory: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/memory_scaling.py --paths one-pass,micro --repeats 2 --fresh --results benchmarks/results/memory_scaling_80k
 	$(PY) benchmarks/memory_scaling.py --sizes 3x4x16,3x16x16 --repeats 2 --fresh
+
+# The GPU check (docs/gpu.md): one command, < 8 min on one H200, writes benchmarks/results/gpu_check.{json,md}
+# (and a copy into $(OUT) when that is set). Without this venv (a bare GPU machine) it runs python3 and installs
+# the package (no dependencies; afresh each time) and the wheels `make gpu-wheels` left in .whl/ into $(GPU_SITE).
+GPU_PY     ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_SITE   ?= /tmp/gpu_site
+GPU_ARGS   ?= $(if $(OUT),--also-write $(OUT))
+GPU_WHEELS := trl==1.16.0 liger-kernel==0.8.5 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+gpu-check:
+	@if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then \
+		$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl \
+		|| echo "the wheels in .whl/ (built for Python 3.12) do not install here: their parts will be skipped"; fi
+	@if ! $(GPU_PY) -c "import lightning_rlpt.kernels" 2>/dev/null; then \
+		$(GPU_PY) -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target $(GPU_SITE) .; fi
+	PYTHONPATH=$(GPU_SITE) $(GPU_PY) benchmarks/gpu_check.py $(GPU_ARGS)
+
+# Wheels for the GPU machine's Python 3.12 (benchmark peers it lacks: TRL and its datasets, Liger-Kernel), ~3 MB.
+gpu-wheels:
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
+	@du -sh .whl
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

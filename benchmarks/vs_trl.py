@@ -161,7 +161,9 @@ def trl_config(steps: int, use_vllm: bool = False, **overrides):
         **extra), **overrides})
 
 
-def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use_vllm: bool = False) -> None:
+def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use_vllm: bool = False,
+            overrides: dict | None = None) -> None:
+    """TRL's run; ``overrides``: `trl_config` fields to change (gpu_check: CUDA and bf16)."""
     import datasets
     import task
     from transformers import TrainerCallback
@@ -182,7 +184,7 @@ def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use
 
     tokenizer = task.build_tokenizer()
     train = datasets.Dataset.from_list(train_rows())
-    config = trl_config(steps, use_vllm)
+    config = trl_config(steps, use_vllm, **(overrides or {}))
     assert config.gradient_checkpointing is False
     funcs = [task.exact_answer, meter.counting_reward]
     trainer = GRPOTrainer(model=path, reward_funcs=funcs, args=config, train_dataset=train,
@@ -194,7 +196,9 @@ def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use
     trainer.train()
 
 
-def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, path: str) -> None:
+def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, path: str,
+             trainer_kwargs: dict | None = None) -> None:
+    """Our run; ``trainer_kwargs`` replace or add `L.Trainer` arguments (gpu_check: CUDA and bf16)."""
     import lightning as L
     import task
     from lightning_rlpt import PromptDataModule, RLModule
@@ -223,8 +227,9 @@ def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, 
         from lightning_rlpt.callbacks import VLLMRollout
         callbacks.insert(0, VLLMRollout(max_model_len=64, dtype="float32"))
     data = PromptDataModule(train_rows(), batch_size=PROMPTS, seed=0)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+    trainer = L.Trainer(**{**dict(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                                  enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks),
+                           **(trainer_kwargs or {})})
     if mode == "curves":
         meter.accuracy.append((0, held_out_accuracy(module.policy, module.tokenizer)))
     trainer.fit(module, datamodule=data)

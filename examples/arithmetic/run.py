@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--kl-coef", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/arithmetic")
+    parser.add_argument("--accelerator", default="cpu", help="Lightning accelerator: cpu, cuda or auto")
     args = parser.parse_args(argv)
     L.seed_everything(args.seed, verbose=False)
     module, data = build(args)
     logger = CSVLogger(args.out, name="", version="")
-    trainer = L.Trainer(max_steps=args.steps, logger=logger, log_every_n_steps=1, accelerator="cpu", devices=1,
+    trainer = L.Trainer(max_steps=args.steps, logger=logger, log_every_n_steps=1, accelerator=args.accelerator, devices=1,
                         val_check_interval=max(1, args.steps // 4), check_val_every_n_epoch=None,
                         num_sanity_val_steps=0, enable_checkpointing=False, enable_model_summary=False)
     before = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
