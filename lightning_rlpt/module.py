@@ -10,6 +10,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from .algorithms.correction import check_mode
+from .algorithms.entropy_bonus import check_entropy_coef
 from .algorithms.entropy_mask import check_top_entropy_quantile
 from .algorithms.kl import KL_ESTIMATORS
 from .algorithms.presets import check_objective, resolve_objective
@@ -27,7 +28,7 @@ from .model.loading import check_model_source, load_policy, load_tokenizer, lora
 from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .model.weights import policy_weights
-from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory
+from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory, run_steps
 from .quiet import hide_lightning_tips
 from .rewards import RewardFunctions, TrainerState
 from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
@@ -57,6 +58,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             the preset.
         advantage_kwargs / policy_loss_kwargs: extra options for the selected functions.
         reward_weights: one weight per reward function.
+        multi_objective_aggregation: ``sum_then_normalize`` (default: the weighted sum, then the advantage
+            estimator) or ``normalize_then_sum`` (GDPO, TRL's name: each function normalised per group first).
         reward_on_error: ``raise`` or ``zero`` (score failing samples 0, count them).
         reward_timeout: seconds each reward call may take (sync, async or remote), None for no
             limit (the default, as TRL); an overrun is handled per ``reward_on_error``. See docs/rewards.md.
@@ -106,6 +109,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             trained tokens with the highest entropy (over all ranks) keep the policy-gradient term
             (Wang et al., arXiv 2506.01939; 0.2 there); KL and denominators are unchanged. 1.0: all
             tokens. See `algorithms.entropy_mask` and docs/long_reasoning.md.
+        entropy_coef: TRL's entropy bonus: the loss minus this × the mean entropy of the trained tokens
+            (those ``top_entropy_quantile`` keeps), whatever the aggregation. 0 (default): none.
         rollout_logprobs: the built-in HF engine also reports the sampling (behaviour)
             log-probs (callbacks and losses that need them ask for them themselves:
             ``ESSScaledLR``, ``decoupled_ppo``); vLLM engines always report them.
@@ -156,6 +161,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         advantage_kwargs: dict[str, Any] | None = None,
         policy_loss_kwargs: dict[str, Any] | None = None,
         reward_weights: Sequence[float] | None = None,
+        multi_objective_aggregation: str = "sum_then_normalize",
         reward_on_error: str = "raise",
         reward_timeout: float | None = None,
         tokenizer: Any = None,
@@ -190,6 +196,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         disable_dropout: bool = True,
         mask_truncated_completions: bool = False,
         top_entropy_quantile: float = 1.0,
+        entropy_coef: float = 0.0,
         rollout_logprobs: bool = False,
         tools: Any = None,
         max_turns: int | None = None,
@@ -223,6 +230,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         self.optimizer_factory = optimizer_factory(optimizer, lr, weight_decay, betas)
         self.scheduler_factory = lr_scheduler
         check_top_entropy_quantile(top_entropy_quantile)
+        check_entropy_coef(entropy_coef)
         self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch, bool(padding_free))
         if rollout_correction == "auto":
             rollout_correction = None if self.objective.self_correcting else "token_tis"
@@ -238,7 +246,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         self.requests = Requests(rollout_logprobs=rollout_logprobs or self.objective.self_correcting)
         self.advantage_kwargs = dict(advantage_kwargs or {})
         self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
-        self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error, timeout=reward_timeout)
+        self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error, timeout=reward_timeout,
+                                       aggregation=multi_objective_aggregation)
         self.sampling = SamplingConfig.coerce(generation)
         self.micro_batching.check_fits(1, self.sampling.max_new_tokens)  # even a one-token prompt must fit
         self.val_sampling = SamplingConfig.coerce(
@@ -288,10 +297,11 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         """Rollouts are multi-turn episodes (tools, an environment or a ``rollout_func``)."""
         return self.agent.active
 
-    def policy_logprobs(self, exp: Experience, with_entropy: bool = False):
+    def policy_logprobs(self, exp: Experience, with_entropy: bool = False, entropy_grad: bool = False):
         """``(log-probs [N, C], entropies or None)`` of ``exp``'s completions under the policy, at
-        the sampling temperature (the fused kernel where the head allows). Grad follows the caller."""
-        return self._logprobs(self.policy, exp, with_entropy=with_entropy)
+        the sampling temperature (the fused kernel where the head allows). Grad follows the caller;
+        the entropies carry it only with ``entropy_grad`` (full logits keep another ``[N, C, V]``)."""
+        return self._logprobs(self.policy, exp, with_entropy=with_entropy, entropy_grad=entropy_grad)
 
     def refill(self, rows: list[dict[str, Any]], seed: int) -> Experience:
         """Roll out and score dataset ``rows`` (every callback's ``on_rollout_end`` runs): the
@@ -343,7 +353,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         params = self._trainable()
         optimizer = build_optimizer(self.optimizer_factory, params)
         warn_lost_updates(self._trainer.precision, params, max(group["lr"] for group in optimizer.param_groups))
-        scheduler = build_scheduler(self.scheduler_factory, optimizer)
+        scheduler = build_scheduler(self.scheduler_factory, optimizer, run_steps(
+            self._trainer, self.hparams.updates_per_rollout, self.hparams.minibatch_size))  # a length left out: the run's
         if scheduler is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -364,12 +375,12 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         seed = self.hparams.seed * 1_000_003 + batch_idx
         exp, _ = self.sample(batch, n, self.val_sampling, seed)  # episodes too, with tools/environments
         collect.score(exp, self.rewards, TrainerState.of(self._trainer))
-        correct = (exp.rewards >= self.hparams.success_threshold).view(-1, n)
+        correct = (exp.scores >= self.hparams.success_threshold).view(-1, n)
         for k, metric in self.val_pass.items():
             metric.update(correct)
             self.log(f"val/pass@{k}", metric, on_epoch=True, batch_size=correct.shape[0])
         self.log("val/accuracy", correct.float().mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
-        self.log("val/reward", exp.rewards.mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
+        self.log("val/reward", exp.scores.mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
 
     def _log_dict(self, values: dict[str, float], prog_bar_keys: Sequence[str] = ("reward",), sync: bool = True) -> None:
         """Log per step; with ``sync`` the value is reduced over ranks (min/max for */min, */max)."""

@@ -36,7 +36,6 @@ TRL_NAMES: dict[str, str] = {
     "temperature": "generation=dict(temperature=...)",
     "learning_rate": "lr",
     "num_iterations": "updates_per_rollout",
-    "entropy_coef": "no equivalent yet (an entropy bonus is planned in issue 26)",
     "use_bias_correction_kl": "kl_estimator ('k3' is TRL's use_bias_correction_kl=False)",
     "vllm_importance_sampling_mode": "rollout_correction",
     "vllm_importance_sampling_clip_max": "rollout_correction_cap",

@@ -33,8 +33,10 @@ def completion_logprobs(
     with_entropy: bool = False,
     use_fused_kernel: bool = True,
     padding_free: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[N, C]`` of the last ``completion_len`` tokens, and (detached) entropies.
+    """Log-probs ``[N, C]`` of the last ``completion_len`` tokens, and entropies (detached unless
+    ``entropy_grad``: an entropy bonus in the loss).
 
     Logits are divided by ``temperature`` so that they describe the distribution the rollout
     sampled from. ``padding_free`` runs the decoder on one packed row (`pack`); positions past a
@@ -53,7 +55,7 @@ def completion_logprobs(
             logits = model(**inputs, logits_to_keep=completion_len + 1).logits[:, :-1]
         else:  # the packed row's logits at the kept positions only, reshaped to [N, C, V]
             logits = model(**inputs, logits_to_keep=keep.flatten()).logits[0].view(*keep.shape, -1)
-        return logits_logprobs(logits, targets, temperature, with_entropy)
+        return logits_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
     hidden = model.get_decoder()(**inputs).last_hidden_state
     hidden = hidden[:, -completion_len - 1 : -1] if keep is None else hidden[0, keep]
     head = model.get_output_embeddings()
@@ -61,8 +63,8 @@ def completion_logprobs(
     if linear is not None:
         weight, bias = linear
         logp, ent = _fused()(hidden, weight, targets, bias=bias, temperature=temperature, return_entropy=with_entropy)
-        return logp, (ent.detach() if ent is not None else None)
-    return logits_logprobs(head(hidden), targets, temperature, with_entropy)
+        return logp, (ent.detach() if ent is not None and not entropy_grad else ent)
+    return logits_logprobs(head(hidden), targets, temperature, with_entropy, entropy_grad)
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int
@@ -139,13 +141,14 @@ def head_as_linear(head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] 
 
 
 def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The plain path: full ``[N, C, V]`` logits, log-softmax, gather."""
+                    with_entropy: bool, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The plain path: full ``[N, C, V]`` logits, log-softmax, gather (the entropy's graph only
+    with ``entropy_grad``: it keeps another ``[N, C, V]`` tensor)."""
     logp_all = (logits.float() / temperature).log_softmax(-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.enable_grad() if entropy_grad else torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 

@@ -4,6 +4,7 @@ construction, before any model is rolled out."""
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Iterable
 
 import torch
@@ -112,16 +113,49 @@ def check_bitsandbytes(optimizer: torch.optim.Optimizer, sample: torch.Tensor) -
                            "fused=True on CUDA), or install a bitsandbytes build that supports this device") from err
 
 
-def build_scheduler(factory: SchedulerFactory | None, optimizer: torch.optim.Optimizer) -> LRScheduler | None:
+def build_scheduler(factory: SchedulerFactory | None, optimizer: torch.optim.Optimizer,
+                    steps: int | None | bool = False) -> LRScheduler | None:
     """``factory(optimizer)``, checked: it must take the optimizer and return a scheduler that
-    steps without a monitored metric (`RLModule` steps it after every optimizer step)."""
+    steps without a monitored metric (`RLModule` steps it after every optimizer step).
+
+    Args:
+        factory: the ``lr_scheduler`` callable, or None (no scheduler).
+        optimizer: what it schedules.
+        steps: the run's optimizer steps (`run_steps`; None: unknown), given to a schedule that
+            fits itself to the run (``fit_to``: `WarmupCosineLR`, `WarmupLinearLR`); False (at
+            construction, before there is a run): not yet.
+    """
     if factory is None:
         return None
     scheduler = _call(factory, optimizer, "lr_scheduler", "optimizer",
-                      "functools.partial(lightning_rlpt.optim.WarmupCosineLR, total_steps=200, warmup_steps=10)",
-                      LRScheduler)
+                      "functools.partial(lightning_rlpt.optim.WarmupLinearLR, warmup_steps=10)", LRScheduler)
     if isinstance(scheduler, ReduceLROnPlateau):
         raise ValueError("ReduceLROnPlateau steps on a monitored metric, and RLModule steps its scheduler after every "
                          "optimizer step without one: use a step-based schedule (LinearLR, CosineAnnealingLR, "
-                         "lightning_rlpt.optim.WarmupCosineLR)")
+                         "lightning_rlpt.optim.WarmupLinearLR or WarmupCosineLR)")
+    if steps is not False and hasattr(scheduler, "fit_to"):
+        scheduler.fit_to(steps)
     return scheduler
+
+
+def run_steps(trainer: Any, updates_per_rollout: int, minibatch_size: int | None) -> int | None:
+    """The optimizer steps a fit will take (None: unknown): the Trainer's ``max_steps`` (which
+    counts optimizer steps under manual optimization), or fewer when its epochs end first.
+
+    Lightning's ``estimated_stepping_batches`` counts training batches, and each batch (one
+    rollout) takes ``updates_per_rollout`` optimizer steps when it is one mini-batch; with
+    ``minibatch_size`` the count per rollout depends on the rollout's rows, so only ``max_steps``
+    bounds the run. An endless run (no ``max_steps``, ``max_epochs=-1``) is unknown too.
+
+    Args:
+        trainer: the fitting Trainer.
+        updates_per_rollout / minibatch_size: `RLModule`'s.
+    """
+    max_steps = None if trainer.max_steps == -1 else trainer.max_steps
+    if trainer.max_epochs == -1 or minibatch_size is not None:
+        return max_steps
+    batches = trainer.estimated_stepping_batches  # min(batches × epochs, max_steps), in batches
+    if math.isinf(batches):
+        return max_steps
+    steps = int(batches) * updates_per_rollout
+    return steps if max_steps is None else min(steps, max_steps)

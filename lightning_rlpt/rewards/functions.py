@@ -13,6 +13,9 @@ results and counts failures, with TRL's semantics (see docs/rewards.md):
   advantage 0): nothing scored it, so the run stops and names it.
 - ``timeout`` (``RLModule(reward_timeout=...)``) bounds every call; a call that overruns, or a
   reward service that stays down, is handled per ``on_error`` for every sample of the call.
+- ``aggregation`` (TRL's ``multi_objective_aggregation``) says what advantages are computed
+  from: the weighted sum (``sum_then_normalize``) or GDPO's sum of per-group normalised scores
+  (``normalize_then_sum``, `RewardFunctions.aggregate`).
 """
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ from .calling import RewardError, RewardTimeout, RewardUnavailable, call_async, 
 from .model import RewardModel
 from .resolve import RewardFn, is_async, resolve_reward, reward_name
 
-__all__ = ["RewardError", "RewardFunctions", "RewardTimeout", "RewardUnavailable", "as_trl_completions",
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+GDPO_EPS = 1e-4  # TRL's: added to each function's group std
+
+__all__ = ["AGGREGATIONS", "RewardError", "RewardFunctions", "RewardTimeout", "RewardUnavailable", "as_trl_completions",
            "resolve_reward", "reward_name"]
 
 
@@ -63,6 +69,11 @@ class RewardFunctions:
             that is abandoned, still running, when it overruns; coroutines are cancelled. A batch
             call that raises is retried sample by sample to name the failing one, each retry
             under the same limit.
+        aggregation: ``"sum_then_normalize"`` (TRL's default): advantages come from the weighted
+            sum of the scores; ``"normalize_then_sum"`` ("GDPO: Group reward-Decoupled
+            Normalization Policy Optimization for Multi-reward RL Optimization", arXiv
+            2601.05242): from the weighted sum of each function's scores normalised within each
+            group (`aggregate`), so a reward with a wide range cannot drown the others.
 
     Example:
         >>> def exact(prompts, completions, answer, **_): return [float(c == a) for c, a in zip(completions, answer)]
@@ -72,7 +83,7 @@ class RewardFunctions:
     """
 
     def __init__(self, funcs: Sequence[RewardFn] | RewardFn, weights: Sequence[float] | None = None,
-                 on_error: str = "raise", timeout: float | None = None):
+                 on_error: str = "raise", timeout: float | None = None, aggregation: str = "sum_then_normalize"):
         funcs = [funcs] if callable(funcs) or isinstance(funcs, str) else list(funcs)
         funcs = [resolve_reward(fn) for fn in funcs]
         if not funcs:
@@ -84,11 +95,15 @@ class RewardFunctions:
             raise ValueError(f"got {len(weights)} reward_weights for {len(funcs)} reward_funcs; give one weight per function")
         if on_error not in ("raise", "zero"):
             raise ValueError(f"on_error must be 'raise' or 'zero' (got {on_error!r})")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"multi_objective_aggregation must be one of {list(AGGREGATIONS)} (got {aggregation!r}): "
+                             "'normalize_then_sum' normalises each reward function within its group before the "
+                             "weighted sum (GDPO)")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"reward_timeout must be > 0 seconds, or None for no limit (got {timeout!r})")
         self.funcs = funcs
         self.weights = torch.tensor(list(weights) if weights is not None else [1.0] * len(funcs))
-        self.on_error, self.timeout = on_error, timeout
+        self.on_error, self.timeout, self.aggregation = on_error, timeout, aggregation
         self.names = self._unique_names(funcs)
 
     @staticmethod
@@ -126,6 +141,33 @@ class RewardFunctions:
     def combine(self, scores: torch.Tensor) -> torch.Tensor:
         """The weighted sum over functions, skipping None (NaN) entries as TRL's ``nansum`` does."""
         return torch.nansum(scores * self.weights.to(scores), dim=1)
+
+    def aggregate(self, scores: torch.Tensor, group_size: int) -> torch.Tensor:
+        """``[N]``: the rewards advantages are computed from, per ``aggregation``.
+
+        ``normalize_then_sum`` is TRL's (``GRPOTrainer._generate_and_score_completions``): each
+        function's scores ``x`` in a group become ``(x - nanmean) / (nanstd + 1e-4)`` (Bessel's
+        std over the samples it applies to; a sample it returned None for stays out, as does a
+        function that applies to one sample only, whose std is undefined; with ``group_size`` 1,
+        0), then the weighted sum skips None as `combine` does. The sum's group mean is then 0:
+        TRL's last step, a batch-wide normalisation, is the advantage estimator's (GDPO uses
+        the batch std: ``advantage="grpo_batch_std"``).
+
+        Args:
+            scores: ``[N, F]`` (NaN for None), rows in groups of ``group_size`` consecutive rows.
+            group_size: completions per prompt.
+        """
+        if self.aggregation == "sum_then_normalize":
+            return self.combine(scores)
+        grouped = scores.view(-1, group_size, scores.shape[1])
+        mean = torch.nanmean(grouped, dim=1, keepdim=True)
+        if group_size > 1:
+            count = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
+            var = torch.nanmean((grouped - mean) ** 2, dim=1, keepdim=True) * count / (count - 1)
+            std = torch.where(count > 1, var.sqrt(), torch.full_like(var, float("nan")))
+        else:
+            std = torch.zeros_like(mean)
+        return self.combine(((grouped - mean) / (std + GDPO_EPS)).view_as(scores))
 
     # ---------------------------------------------------------------- one function
     def _call(self, fn: RewardFn, kwargs: dict[str, Any]) -> Any:

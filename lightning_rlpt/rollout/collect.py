@@ -130,7 +130,8 @@ def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: A
 
 def score(exp: Experience, rewards: RewardFunctions, trainer_state: Any = None) -> dict[str, int]:
     """Fill ``rewards_per_func`` (NaN where a function returned None), ``scores`` (their weighted
-    sum over the functions that apply) and ``rewards``; return failures per function.
+    sum over the functions that apply) and ``rewards`` (what advantages come from: ``scores``, or
+    GDPO's sum under ``normalize_then_sum``, `RewardFunctions.aggregate`); return failures per function.
 
     The functions get what TRL's ``GRPOTrainer`` passes: ``prompts`` as given, ``completions``
     as messages (``[{"role": "assistant", "content": text}]``) when the prompts are
@@ -149,7 +150,7 @@ def score(exp: Experience, rewards: RewardFunctions, trainer_state: Any = None) 
     per_func, failures = rewards(exp.prompts, completions, exp.columns, **extra)
     exp.rewards_per_func = per_func.to(exp.completion_ids.device)
     exp.scores = rewards.combine(exp.rewards_per_func)
-    exp.rewards = exp.scores.clone()
+    exp.rewards = rewards.aggregate(exp.rewards_per_func, exp.group_size)
     return failures
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import (LogitsProcessor, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper,
-                          TopKLogitsWarper, TopPLogitsWarper)
+from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, MinPLogitsWarper,
+                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from ..model.distributed import is_sharded, world_size
 from ..padding import left_pad
@@ -22,7 +22,8 @@ class HFGenerateEngine(RolloutEngine):
     micro-batching or on the rank layout. No torch RNG is used: the global stream is untouched
     and a resumed run samples exactly what an uninterrupted one does. ``SamplingConfig.min_p``
     is transformers' ``MinPLogitsWarper``; ``repetition_penalty`` is `RepetitionPenalty`, which,
-    as vLLM does, leaves each row's left padding out.
+    as vLLM does, leaves each row's left padding out. ``SamplingConfig.generation_kwargs`` go to
+    ``generate`` (its processors, e.g. ``no_repeat_ngram_size``, run before the warpers).
 
     Args:
         policy: the Hugging Face causal LM being trained (LoRA/QLoRA wrappers included).
@@ -121,7 +122,8 @@ class RepetitionPenalty(LogitsProcessor):
 def _sampling_kwargs(sampling: SamplingConfig, attention_mask: torch.Tensor, sampler: RowSampler) -> dict:
     """generate's arguments for ``sampling``: greedy decoding over our own processors (the
     penalty, the warpers, then `RowSampler`, which draws). Model generation-config defaults (a
-    checkpoint's own ``repetition_penalty``, ``top_k``, ...) are overridden, never stacked."""
+    checkpoint's own ``repetition_penalty``, ``top_k``, ...) are overridden, never stacked.
+    ``generation_kwargs`` are added (their keys cannot collide: `SamplingConfig` refuses those)."""
     processors: list[LogitsProcessor] = []
     if sampling.repetition_penalty != 1:  # ours: transformers' would count the padding
         pads = attention_mask.shape[1] - attention_mask.sum(1)
@@ -136,4 +138,17 @@ def _sampling_kwargs(sampling: SamplingConfig, attention_mask: torch.Tensor, sam
         if sampling.min_p:
             processors.append(MinPLogitsWarper(sampling.min_p))
     return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None,
-            "repetition_penalty": 1.0, "logits_processor": LogitsProcessorList([*processors, sampler])}
+            "repetition_penalty": 1.0, "logits_processor": LogitsProcessorList([*processors, sampler]),
+            **_generation_kwargs(sampling)}
+
+
+def _generation_kwargs(sampling: SamplingConfig) -> dict:
+    """``sampling.generation_kwargs``, each a ``transformers.GenerationConfig`` setting (else refused
+    before generating: generate would only name it as an unused model argument)."""
+    extra = dict(sampling.generation_kwargs or {})
+    unknown = sorted(k for k in extra if not hasattr(GenerationConfig(), k))
+    if unknown:
+        raise ValueError(f"generation_kwargs {unknown} are not transformers.GenerationConfig settings, which the HF "
+                         "engine passes them to (vLLM's SamplingParams names, e.g. 'bad_words' or 'min_tokens', need "
+                         "a vLLM engine; transformers has 'bad_words_ids' and 'min_new_tokens')")
+    return extra

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .generation_kwargs import changed_by, check_generation_kwargs
+
 # Arguments `collect.tokenize_prompts` sets itself when it calls ``apply_chat_template``.
 RESERVED_TEMPLATE_KWARGS = ("conversation", "add_generation_prompt", "tokenize", "return_dict")
 
@@ -51,11 +53,16 @@ class SamplingConfig:
             ``micro_batch_size`` / ``max_tokens_per_micro_batch``) never chunk generation: small
             chunks re-read the whole model at every decoding step. vLLM engines schedule their
             own batches and ignore it. See docs/memory.md.
+        generation_kwargs: extra keyword arguments for the engine's sampler (TRL's name):
+            ``transformers.generate`` (HF engine) or vLLM's ``SamplingParams`` / completions
+            request, e.g. ``{"no_repeat_ngram_size": 3}``. Keys this config or the rollout already
+            sets are refused naming what to use instead (`rollout.generation_kwargs`); TRL lets
+            them override. Validation copies them with the rest of the training config.
 
     What the learner scores: the training log-probs are ``log_softmax(logits / temperature)``
     of the policy, not of the distribution ``top_p``, ``top_k``, ``min_p`` and
-    ``repetition_penalty`` sample from (TRL does the same). With the defaults the two are one;
-    otherwise `distribution_changes` names the settings that differ. Engines that report
+    ``repetition_penalty`` (and ``generation_kwargs``) sample from (TRL does the same). With the
+    defaults the two are one; otherwise `distribution_changes` names the settings that differ. Engines that report
     behaviour log-probs report those of the distribution really sampled from (vLLM's
     ``processed_logprobs``, generate's processed scores), so the importance ratio and the
     mismatch correction then carry that difference too (see docs/long_reasoning.md).
@@ -77,6 +84,7 @@ class SamplingConfig:
     chat_template: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     max_batch_rows: int | None = None
+    generation_kwargs: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -101,6 +109,7 @@ class SamplingConfig:
             raise ValueError(f"max_batch_rows must be an int >= 1, or None for one generate call (got "
                              f"{self.max_batch_rows!r}); it caps the HF engine's rows per call")
         self._check_template_kwargs()
+        check_generation_kwargs(self.generation_kwargs)
 
     def _check_template_kwargs(self) -> None:
         kwargs = self.chat_template_kwargs
@@ -120,7 +129,8 @@ class SamplingConfig:
         changed = {"repetition_penalty": self.repetition_penalty != 1}
         if self.temperature > 0:  # truncations never change a greedy choice
             changed = {"top_p": self.top_p < 1, "top_k": self.top_k > 0, "min_p": self.min_p > 0, **changed}
-        return [f"{name}={getattr(self, name)}" for name, on in changed.items() if on]
+        named = [f"{name}={getattr(self, name)}" for name, on in changed.items() if on]
+        return named + changed_by(self.generation_kwargs)
 
     @classmethod
     def coerce(cls, value: "SamplingConfig | dict[str, Any] | None") -> "SamplingConfig":

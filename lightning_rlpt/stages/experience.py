@@ -88,7 +88,7 @@ class MakeExperience:
         """Rollout metrics over every rank's samples (gathered, so stds and groups are exact), and
         ``num_tokens``: TRL's running count of prompt + completion (model) tokens over all ranks."""
         counts = torch.tensor([*failures.values(), cut], dtype=torch.float32, device=self.device)
-        parts = [exp.rewards, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated,
+        parts = [exp.scores, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated,
                  exp.prompt_mask.sum(1), counts]
         if self.trainer.world_size > 1:
             parts = [g.flatten(0, 1) for g in self.all_gather(parts[:5])] + [self.all_gather(counts).sum(0)]
@@ -138,14 +138,14 @@ class MakeExperience:
             if ref_entropy is not None:
                 exp.info["ref_entropy"] = ref_entropy
 
-    def _logprobs(self, model: nn.Module, exp: Experience, with_entropy: bool = False):
+    def _logprobs(self, model: nn.Module, exp: Experience, with_entropy: bool = False, entropy_grad: bool = False):
         """Log-probs (and entropies) of ``exp``'s completions under ``model``, micro-batch by
         micro-batch when a budget is set (the no-grad forwards never exceed it either)."""
         def one(part: Experience):
             mask = span_mask(part) if self.micro_batching.padding_free else part.attention_mask
             return completion_logprobs(model, part.input_ids, mask, part.completion_ids.shape[1],
                                        temperature=self.sampling.temperature, with_entropy=with_entropy,
-                                       use_fused_kernel=self.hparams.use_fused_kernel,
+                                       entropy_grad=entropy_grad, use_fused_kernel=self.hparams.use_fused_kernel,
                                        padding_free=self.micro_batching.padding_free)
 
         return logprobs_in_chunks(one, exp, self.micro_batching, agree=self._agree_count)

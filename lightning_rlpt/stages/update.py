@@ -25,6 +25,7 @@ import torch
 
 from ..algorithms.aggregation import aggregate_loss
 from ..algorithms.correction import mismatch_metrics
+from ..algorithms.entropy_bonus import entropy_bonus
 from ..algorithms.entropy_mask import entropy_threshold, high_entropy_mask
 from ..algorithms.kl import kl_value
 from ..algorithms.surrogate import surrogate
@@ -136,7 +137,8 @@ class PolicyUpdate:
             # × world / global tokens, then the mean over ranks at logging = the global token mean
             return float((values.detach().float() * mask).sum()) * world / max(tokens, 1.0)
 
-        logp, entropy = self.policy_logprobs(mb, with_entropy=True)
+        coef = self.hparams.entropy_coef
+        logp, entropy = self.policy_logprobs(mb, with_entropy=True, entropy_grad=coef != 0)
         logp = logp.float()  # the loss stays in fp32 whatever the model's precision
         policy_mask = self._high_entropy_mask(entropy, mask, entropy_threshold)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
@@ -151,6 +153,8 @@ class PolicyUpdate:
         metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
         metrics.update(clip_extremes(stats, mask))  # clip_ratio/low_min, high_max: min/max over sequences
         metrics["entropy"] = token_mean(entropy)
+        if coef:
+            metrics["entropy_coef"] = coef  # TRL logs it whenever the bonus is on
         if policy_mask is not None:
             metrics["top_entropy/kept_fraction"] = token_mean(policy_mask)
         if mb.ref_logprobs is not None:
@@ -158,6 +162,9 @@ class PolicyUpdate:
         # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
         loss = world * aggregate_loss(per_token, mask, self.objective.loss_aggregation, num_tokens=tokens,
                                       num_seqs=seqs, norm_length=self.sampling.max_new_tokens)
+        if coef:  # TRL's sign and normaliser (`algorithms.entropy_bonus`); its policy_loss is the loss before it
+            metrics["policy_loss"] = loss.item()
+            loss = loss - world * coef * entropy_bonus(entropy, mask, tokens, policy_mask)
         metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
         return loss, metrics, logp.detach()
 

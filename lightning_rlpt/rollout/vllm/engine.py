@@ -232,7 +232,8 @@ class VLLMEngine(RolloutEngine):
         common = dict(max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                       top_k=sampling.top_k, min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty,
                       logprobs=0, stop=words or None, detokenize=bool(words),
-                      stop_token_ids=[self.eos_token_id] + [s for s in stop if isinstance(s, int)])
+                      stop_token_ids=[self.eos_token_id] + [s for s in stop if isinstance(s, int)],
+                      **(sampling.generation_kwargs or {}))  # keys SamplingConfig refuses never collide
         return [SamplingParams(seed=s, **common) for s in seeds]
 
     @staticmethod

@@ -183,7 +183,8 @@ class RemoteVLLMEngine(RolloutEngine):
                       top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
                       repetition_penalty=sampling.repetition_penalty, logprobs=0, return_token_ids=True,
                       stop=[s for s in stop if isinstance(s, str)] or None,
-                      stop_token_ids=[self.eos_token_id] + [s for s in stop if isinstance(s, int)])
+                      stop_token_ids=[self.eos_token_id] + [s for s in stop if isinstance(s, int)],
+                      **(sampling.generation_kwargs or {}))  # vLLM's extra sampling fields of a completions request
         results = self.pool.complete([dict(prompt=list(p), seed=s, **common) for p, s in zip(prompt_ids, seeds)])
         return RolloutOutput([ids for ids, _ in results], [lps for _, lps in results])
 
