@@ -15,6 +15,10 @@ ranges and KL coefficient. Any explicit `RLModule` argument overrides the preset
   ``token-mean``, no KL.
 - ``ctpo`` (arXiv 2605.07331): cumulative token ratio, log-space bounds 0.025·√t / 0.05·√t,
   ``token-mean``, no KL.
+- ``luspo`` (arXiv 2602.05261): GSPO's sequence ratio and ranges, each sequence's loss times its
+  length, ``seq-mean-token-mean``, no KL.
+- ``vespo`` (arXiv 2602.10693): Gamma-kernel weight of the sequence IS ratio, ``token-mean`` (as
+  TRL and the authors' verl runs), no KL.
 
 See docs/objectives.md for every policy loss, advantage and KL estimator. `check_objective`
 refuses combinations that are not meaningful.
@@ -53,6 +57,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # ctpo reads clip_low/clip_high as the coefficients of sqrt(t) in log space.
     "ctpo": dict(policy_loss="ctpo", advantage="grpo", loss_aggregation="token-mean",
                  clip_low=0.025, clip_high=0.05, dual_clip=None, kl_coef=0.0),
+    "luspo": dict(policy_loss="luspo", advantage="grpo", loss_aggregation="seq-mean-token-mean",
+                  clip_low=3e-4, clip_high=4e-4, dual_clip=None, kl_coef=0.0),
+    # vespo has no clip: its kernel replaces it, so the clip ranges are unused.
+    "vespo": dict(policy_loss="vespo", advantage="grpo", loss_aggregation="token-mean",
+                  clip_low=0.2, clip_high=0.2, dual_clip=None, kl_coef=0.0),
 }
 
 

@@ -3,6 +3,7 @@ with the RL hooks in between and each stage timed (``timing/*``)."""
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from ..batching import logprobs_in_chunks, span_mask
 from ..experience import Experience
 from ..hooks import call_hook
 from ..model.loading import reference_context
+from ..model.distributed import reduce_over_ranks
 from ..model.logprobs import completion_logprobs
 from ..model.reference import onloaded
 from ..rewards import TrainerState
@@ -40,7 +42,9 @@ class MakeExperience:
         if len(exp) == 0:
             return None
         self._fill_logprobs(exp)
-        exp.advantages = compute_advantages(self.objective.advantage, exp.rewards, self.group_size, **self.advantage_kwargs)
+        exp.advantages = compute_advantages(self.objective.advantage, exp.rewards, self.group_size,
+                                            sum_over_ranks=partial(reduce_over_ranks, self._trainer),
+                                            **self.advantage_kwargs)
         return call_hook(self.trainer, self, "on_advantages_computed", exp)
 
     def rollout_and_score(self, batch: dict[str, list[Any]], seed: int) -> tuple[Experience, dict[str, int], int]:

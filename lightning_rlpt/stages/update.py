@@ -84,7 +84,8 @@ class PolicyUpdate:
         returns the mini-batch's metrics (sums of the micro-batches' shares; `step_metrics`'
         extremes over its sequences on every rank)."""
         mask = self.loss_mask(minibatch)
-        counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])  # global counts
+        # global (tokens, sequences), then this rank's tokens (bnpo's denominator)
+        counts = (*reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])]), mask.sum().item())
         threshold = self._minibatch_entropy_threshold(minibatch, mask)
         chunks = self._agreed_split(minibatch)
         self.optimizers().zero_grad()
@@ -118,8 +119,9 @@ class PolicyUpdate:
 
     def loss(self, mb: Experience, counts: tuple[float, float] | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on (a micro-batch of) a mini-batch: ``(loss, metrics)``. ``counts`` are
-        the mini-batch's global (token, sequence) counts that every aggregation mode divides by
-        (default: ``mb``'s own, summed over ranks)."""
+        the mini-batch's global (token, sequence) counts that every aggregation mode divides by,
+        and optionally this rank's token count that ``bnpo`` divides by (default: ``mb``'s own,
+        summed over ranks; ``mb``'s tokens)."""
         return self.loss_and_logprobs(mb, counts)[:2]
 
     def loss_and_logprobs(self, mb: Experience, counts: tuple[float, float] | None = None,
@@ -130,7 +132,7 @@ class PolicyUpdate:
         mask = self.loss_mask(mb)
         if counts is None:
             counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])
-        tokens, seqs = counts
+        tokens, seqs, *local = counts
         world = self.trainer.world_size if self._trainer is not None else 1
 
         def token_mean(values: torch.Tensor) -> float:
@@ -161,7 +163,8 @@ class PolicyUpdate:
             metrics["kl"] = token_mean(kl_value(logp, mb.ref_logprobs))
         # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
         loss = world * aggregate_loss(per_token, mask, self.objective.loss_aggregation, num_tokens=tokens,
-                                      num_seqs=seqs, norm_length=self.sampling.max_new_tokens)
+                                      num_seqs=seqs, norm_length=self.sampling.max_new_tokens,
+                                      local_tokens=local[0] if local else mask.sum().item(), num_ranks=world)
         if coef:  # TRL's sign and normaliser (`algorithms.entropy_bonus`); its policy_loss is the loss before it
             metrics["policy_loss"] = loss.item()
             loss = loss - world * coef * entropy_bonus(entropy, mask, tokens, policy_mask)

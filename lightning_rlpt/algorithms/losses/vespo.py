@@ -1,0 +1,72 @@
+"""VESPO: a REINFORCE loss weighted by a smooth Gamma-shaped kernel of the sequence IS weight."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..numerics import clamp_log_ratio
+from .base import POLICY_LOSSES, Stats, per_token
+
+# log w is clamped to [log 1e-8, 20]: as in the authors' code, which clamps w at 1e-8 below.
+MIN_LOG_WEIGHT = math.log(1e-8)
+MAX_LOG_WEIGHT = 20.0
+
+
+def sequence_log_weight(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
+                        behaviour_logprobs: torch.Tensor | None) -> torch.Tensor:
+    """``[N, 1]`` detached ``log w_i = Σ_t log(π/π_old) (+ Σ_t log(π_old/π_behav))``, each token's
+    term clamped, then the sum clamped to ``[log 1e-8, 20]``; padding adds nothing."""
+    mask = mask.to(logprobs.dtype)
+    log_w = (clamp_log_ratio(logprobs.detach() - old_logprobs.detach()) * mask).sum(-1, keepdim=True)
+    if behaviour_logprobs is not None:
+        behav = behaviour_logprobs.to(logprobs.dtype)
+        mismatch = (old_logprobs.detach() - behav).clamp(MIN_LOG_WEIGHT, MAX_LOG_WEIGHT)
+        log_w = log_w + (mismatch * mask).sum(-1, keepdim=True)
+    return log_w.clamp(MIN_LOG_WEIGHT, MAX_LOG_WEIGHT)
+
+
+@POLICY_LOSSES.register("vespo", self_correcting=True)
+def vespo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    behaviour_logprobs: torch.Tensor | None = None,
+    **_: object,
+) -> tuple[torch.Tensor, Stats]:
+    """``loss_t = -sg(φ(w_i))·A·logπ_t``, ``φ(w) = e^λ·w^k·e^{-λw}``, w the sequence IS weight.
+
+    Shen et al., "VESPO: Variational Sequence-Level Soft Policy Optimization for Stable
+    Off-Policy LLM Training", arXiv 2602.10693. ``w_i = Π_t π/π_behav`` over the row's trained
+    tokens, not length-normalised: ``π/π_old`` times, when the engine reports behaviour
+    log-probs, ``π_old/π_behav`` (the train/inference mismatch; without them π_old is taken as
+    the sampler). φ is a Gamma-shaped kernel with ``φ(1) = 1``, peaked at ``w = k/λ``, that
+    fades smoothly toward 0 for ``w → 0`` and ``w → ∞``: it replaces both the clip and the
+    rollout correction, hence the ``self_correcting`` trait (``rollout_correction="auto"``
+    leaves the module's own correction off). ``k, λ = k_pos, lambda_pos`` where ``A ≥ 0``, else
+    ``k_neg, lambda_neg`` (the authors' and TRL's defaults 2, 3, 3, 2). Computed in log space:
+    ``log φ = λ + k log w - λ w``. Aggregate with ``token-mean`` (the ``vespo`` preset, TRL's).
+
+    Args:
+        k_pos / lambda_pos: the kernel's power and decay for non-negative advantages.
+        k_neg / lambda_neg: the same for negative advantages.
+        behaviour_logprobs: the engine's, passed by the module.
+
+    Stats: ``vespo/phi_seq`` (``φ(w_i)`` on each token).
+    """
+    if min(k_pos, k_neg) < 0 or min(lambda_pos, lambda_neg) <= 0:
+        raise ValueError(f"vespo needs k >= 0 and lambda > 0 (got k_pos={k_pos}, lambda_pos={lambda_pos}, "
+                         f"k_neg={k_neg}, lambda_neg={lambda_neg}); the authors use 2, 3, 3, 2")
+    adv = per_token(advantages, logprobs)
+    log_w = sequence_log_weight(logprobs, old_logprobs, mask, behaviour_logprobs)
+    nonneg = adv >= 0
+    k = torch.where(nonneg, logprobs.new_tensor(k_pos), logprobs.new_tensor(k_neg))
+    lam = torch.where(nonneg, logprobs.new_tensor(lambda_pos), logprobs.new_tensor(lambda_neg))
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return -phi * adv * logprobs, {"vespo/phi_seq": phi}
