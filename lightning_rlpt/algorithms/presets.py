@@ -123,8 +123,8 @@ def check_objective(objective: Objective, *, group_size: int, advantage_kwargs: 
     The estimator checks its own needs (its ``group_relative`` and ``check`` traits: group size,
     passk's k, qae's quantile); what is left are pairs: a ``self_correcting`` loss
     (``decoupled_ppo``, which weights by π_prox/π_behav itself) with the module's
-    ``rollout_correction`` on top; an ``on_policy_only`` loss (``rgra``/``reinforce``) reused for
-    ``updates_per_rollout > 1``. Checks needing the data (``passk`` with non-binary rewards,
+    ``rollout_correction`` on top; a loss made for one ``aggregation`` (``luspo``) with another;
+    an ``on_policy_only`` loss (``rgra``/``reinforce``) reused for ``updates_per_rollout > 1``. Checks needing the data (``passk`` with non-binary rewards,
     missing behaviour log-probs) run in the functions.
     """
     check_estimator(objective.advantage, group_size, advantage_kwargs)
@@ -134,6 +134,11 @@ def check_objective(objective: Objective, *, group_size: int, advantage_kwargs: 
         raise ValueError(f"{loss!r} already weights each token by π_prox/π_behav; the module's "
                          f"rollout_correction={rollout_correction!r} would correct a second time. "
                          "Pass rollout_correction=None")
+    made_for = POLICY_LOSSES.trait(loss, "aggregation")
+    if made_for is not None and objective.loss_aggregation != made_for:
+        raise ValueError(f"{loss!r} is made for loss_aggregation={made_for!r}, not {objective.loss_aggregation!r} "
+                         f"(its per-token loss already carries the normalisation); pass loss_aggregation={made_for!r} "
+                         f"or take objective={loss!r}")
     if POLICY_LOSSES.trait(loss, "on_policy_only") and updates_per_rollout > 1:
         raise ValueError(f"{loss!r} has no importance ratio, so reusing a rollout "
                          f"(updates_per_rollout={updates_per_rollout}) trains on stale samples uncorrected; "

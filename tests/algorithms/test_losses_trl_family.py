@@ -257,3 +257,15 @@ def test_short_fit_through_the_module(name, warm_start_dir, arithmetic_rows):
     assert all(torch.isfinite(p).all() for p in module.policy.parameters())
     if name == "vespo":  # self-correcting: the module asked its engine for behaviour log-probs, correction off
         assert module.requests.rollout_logprobs and module.hparams.rollout_correction is None
+
+
+def test_luspo_with_another_aggregation_is_refused_at_construction():
+    """luspo's length factor assumes seq-mean-token-mean; token-mean would weigh a sequence by L²."""
+    from lightning_rlpt.algorithms.presets import check_objective
+
+    check_objective(resolve_objective("luspo", {}), group_size=4)
+    bad = resolve_objective("luspo", {"loss_aggregation": "token-mean"})
+    with pytest.raises(ValueError, match=r"'luspo' is made for loss_aggregation='seq-mean-token-mean', not "
+                                         r"'token-mean' .*pass loss_aggregation='seq-mean-token-mean' or take "
+                                         r"objective='luspo'"):
+        check_objective(bad, group_size=4)

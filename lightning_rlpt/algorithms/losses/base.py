@@ -18,7 +18,9 @@ Traits, declared at registration:
 - ``self_correcting``: weights each token by π_prox/π_behav itself, so it needs the engine's
   behaviour log-probs and the module's own ``rollout_correction`` must stay off;
 - ``on_policy_only``: no importance ratio, so a rollout must not be reused;
-- ``token_clip``: reads ``clip_low``/``clip_high`` as a token ratio range (what `BAPO` moves).
+- ``token_clip``: reads ``clip_low``/``clip_high`` as a token ratio range (what `BAPO` moves);
+- ``aggregation``: the one ``loss_aggregation`` the loss is made for (None: any), e.g. ``luspo``,
+  whose length factor assumes ``seq-mean-token-mean``.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ import torch
 from ...registry import Registry
 
 POLICY_LOSSES: Registry = Registry("policy loss",
-                                   traits={"self_correcting": False, "on_policy_only": False, "token_clip": False})
+                                   traits={"self_correcting": False, "on_policy_only": False, "token_clip": False,
+                                           "aggregation": None})
 
 Stats = dict[str, torch.Tensor]
 

@@ -7,7 +7,7 @@ from .base import POLICY_LOSSES, Stats
 from .sequence import gspo_loss
 
 
-@POLICY_LOSSES.register("luspo")
+@POLICY_LOSSES.register("luspo", aggregation="seq-mean-token-mean")
 def luspo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -28,7 +28,8 @@ def luspo_loss(
     its trained tokens). Made for ``seq-mean-token-mean``: then the objective is
     ``(1/N) Σ_i |y_i| ℓ_i`` with ``ℓ_i`` GSPO's clipped sequence loss, and the gradient
     ``-(A_i s_i/N) Σ_t ∇logπ_t`` (the ``luspo`` preset, as TRL's ``loss_type="luspo"``).
-    With ``token-mean`` or ``seq-mean-token-sum`` the length would count twice.
+    With ``token-mean`` or ``seq-mean-token-sum`` the length would count twice, so another
+    aggregation is refused at construction (the ``aggregation`` trait).
 
     Args:
         clip_low / clip_high: the sequence-ratio range, GSPO's (the ``luspo`` preset: 3e-4 / 4e-4).
