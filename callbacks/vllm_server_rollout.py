@@ -14,12 +14,13 @@ from lightning_rlpt.model.precision import precision_dtype
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.vllm.checks import check_head_dim, context_length, model_config
 from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, vllm_dtype
-from lightning_rlpt.rollout.vllm.lora_transport import LORA_SYNC_MODES, adapter_transport, launch_lora_options
+from lightning_rlpt.rollout.vllm.lora_transport import (LORA_SYNC_MODES, AdapterTransport, adapter_transport,
+                                                        launch_lora_options)
 from lightning_rlpt.rollout.vllm.pipeline import RolloutPipeline
 from lightning_rlpt.rollout.vllm.ranks import check_strategy, lead_then_share
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
-from lightning_rlpt.rollout.vllm.server import VLLMServer
-from lightning_rlpt.rollout.vllm.transport import write_snapshot
+from lightning_rlpt.rollout.vllm.server import VLLMServer, sigterm_raises
+from lightning_rlpt.rollout.vllm.transport import SnapshotTransport, write_snapshot
 
 from ._engine import EngineCallback
 
@@ -34,14 +35,19 @@ class VLLMServerRollout(EngineCallback):
     ``VLLM_SERVER_DEV_MODE=1`` and ``--logprobs-mode processed_logprobs``), or ``launch`` to
     start local ones at ``setup``: the policy's config and tokenizer are exported, ``num_servers``
     processes start at once on free loopback ports (logs in ``log_dir``, default
-    ``<trainer.log_dir>/vllm``) and are stopped by pid at ``teardown`` or on an exception.
+    ``<trainer.log_dir>/vllm``) and are stopped by pid at ``teardown`` or on an exception; if the
+    trainer process ends otherwise (SIGKILL, a SIGTERM while they start), each server's guard ends
+    its whole process group and removes the run's temporary folders (`rollout.vllm.guard`).
     Before any weight is sent the servers' model is checked against the policy (vocabulary,
     depth, context: `RemoteVLLMEngine.check_model`); then the current weights are sent and every
     ``sync_every``-th optimizer step sends them again (`rollout.vllm.transport`). Each rollout
     first checks that every live server holds the weight version the trainer sent. Requests are
     balanced over the servers by outstanding tokens; a server that dies or hangs is dropped and
     its requests go to the others, and when none is left the run stops with an error naming the
-    servers and the step (`rollout.vllm.client`). A LoRA policy is synced as its adapter
+    servers and the step (`rollout.vllm.client`); a sync drops an unreachable server the same way,
+    and dropped servers that answer again rejoin after a full sync, a version check and the parity
+    probe. Drops, returns and requests waiting past ``warn_after`` are logged as warnings, and
+    ``vllm/live_servers`` every step. A LoRA policy is synced as its adapter
     (``lora_sync``, `rollout.vllm.lora_transport`). Under DDP global rank 0 alone launches the
     servers and sends the weights, every rank samples its own rows (`rollout.vllm.ranks`);
     sharded strategies with several processes are refused.
@@ -55,6 +61,7 @@ class VLLMServerRollout(EngineCallback):
         request_timeout: seconds one completion may take before its server counts as hung.
         control_timeout: seconds for control calls (version, reload, health).
         max_inflight: completion requests in flight at once over all servers.
+        warn_after: seconds a request may wait on a server before a warning names it (and the step).
         transport: a transport object (default: `SnapshotTransport` in a temporary directory,
             `AdapterTransport` for a LoRA policy (see ``lora_sync``); pass ``NCCLTransport(...)`` for GPU
             servers: it is never chosen automatically).
@@ -81,7 +88,7 @@ class VLLMServerRollout(EngineCallback):
                  transport: Any = None, temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, max_tokens: int | None = None, stop: list[Any] | None = None,
                  validate: bool = False, parity_atol: float | None = 1e-3, lora_sync: str = "auto",
-                 max_staleness: int = 0, async_seed: int = 0):
+                 max_staleness: int = 0, async_seed: int = 0, warn_after: float = 60.0):
         if (urls is None) == (launch is None):
             raise ValueError("give exactly one of urls=[...] (running vLLM servers) or launch=dict(...) (start local "
                              f"ones); got urls={urls!r}, launch={launch!r}")
@@ -103,11 +110,11 @@ class VLLMServerRollout(EngineCallback):
         self.pipeline: RolloutPipeline | None = None
         self._pipeline_state: dict[str, Any] | None = None
         self.pool_kwargs = dict(request_timeout=request_timeout, control_timeout=control_timeout,
-                                max_inflight=max_inflight)
+                                max_inflight=max_inflight, warn_after=warn_after)
         self.transport, self.parity_atol = transport, parity_atol
         self.overrides = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k,
                                                  max_tokens=max_tokens, stop=stop).items() if v is not None}
-        self._export_dir: str | None = None
+        self._run_dir: str | None = None  # launch=: the export and the snapshots, removed with the servers
 
     # ---------------------------------------------------------------- start-up
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -127,7 +134,10 @@ class VLLMServerRollout(EngineCallback):
         servers: list[VLLMServer] = []  # under DDP rank 0 launches them and shares the URLs (rollout.vllm.ranks)
 
         def launch() -> list[str]:
-            servers.extend(self._launch(trainer, pl_module, needed, config, tied, transport))
+            nonlocal transport
+            transport = self._run_folders(transport)
+            with sigterm_raises():  # Lightning's own handler comes after setup
+                servers.extend(self._launch(trainer, pl_module, needed, config, tied, transport))
             return [s.url for s in servers]
 
         urls = lead_then_share(launch, "launching the vLLM servers") if self.launch else list(self.urls)
@@ -150,20 +160,31 @@ class VLLMServerRollout(EngineCallback):
                 transport: Any) -> list[VLLMServer]:
         check_head_dim(config, on_gpu=torch.cuda.is_available())
         dtype = vllm_dtype(self.launch.get("dtype") or precision_dtype(trainer.precision), module.policy)
-        self._export_dir = export_model_dir(config, module.tokenizer, dtype, tempfile.mkdtemp(prefix="rlpt-serve-"))
+        export_dir = export_model_dir(config, module.tokenizer, dtype, os.path.join(self._run_dir, "model"))
         log_dir = self.launch.get("log_dir") or os.path.join(trainer.log_dir or trainer.default_root_dir, "vllm")
         # The current weights go in as the checkpoint (vLLM cannot reload in place into a dummy-loaded model);
         # with adapters on the servers, the base alone (and the flags and environment LoRA serving needs).
         lora_args, lora_env, weights = launch_lora_options(module.policy, transport)
-        write_snapshot(self._export_dir, weights, dtype=dtype, tie_word_embeddings=tied)
+        write_snapshot(export_dir, weights, dtype=dtype, tie_word_embeddings=tied)
         extra = lora_args + list(self.launch.get("extra_args", []))
         kv = self.launch.get("kv_cache_memory_bytes") or kv_cache_bytes(config, dtype, needed)
         return VLLMServer.launch_many(
-            self._export_dir, int(self.launch.get("num_servers", 1)), log_dir=log_dir,
+            export_dir, int(self.launch.get("num_servers", 1)), log_dir=log_dir, remove=[self._run_dir],
             startup_timeout=float(self.launch.get("startup_timeout", 300.0)),
             env={**lora_env, **(self.launch.get("env") or {})},
             dtype=str(dtype).replace("torch.", ""), max_model_len=needed, kv_cache_memory_bytes=kv,
             seed=int(self.launch.get("seed", 0)), extra_args=extra)
+
+    def _run_folders(self, transport: Any) -> Any:
+        """One temporary folder per launch holds the export and the snapshots, so the servers' guard
+        can remove it all; returns the transport, writing there unless the user chose its folder."""
+        self._run_dir = tempfile.mkdtemp(prefix="rlpt-serve-")
+        if transport is None:
+            return SnapshotTransport(os.path.join(self._run_dir, "weights"))
+        if isinstance(transport, AdapterTransport) and transport.directory is None:
+            transport.directory = os.path.join(self._run_dir, "adapters")
+            os.makedirs(transport.directory)
+        return transport
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After setup, and after a checkpoint (ckpt_path=...) is restored: send the weights as they are now.
@@ -171,8 +192,10 @@ class VLLMServerRollout(EngineCallback):
             return
         self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
         if self.parity_atol is not None:  # refuse a server whose model only looked right
-            vocab = len(pl_module.tokenizer)
-            self.engine.check_parity(pl_module.policy, list(range(1, min(vocab, 9))), atol=self.parity_atol)
+            engine, prompt, atol = self.engine, list(range(1, min(len(pl_module.tokenizer), 9))), self.parity_atol
+            engine.check_parity(pl_module.policy, prompt, atol=atol)
+            # a server that returns after a drop is probed the same way before it samples again
+            engine.probe = lambda url: engine.check_parity(pl_module.policy, prompt, atol=atol, urls=[url])
 
     # ---------------------------------------------------------------- the asynchronous pipeline
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -215,6 +238,7 @@ class VLLMServerRollout(EngineCallback):
                                f"{trainer.global_step}, but the policy is at step {pl_module.policy_version} with "
                                f"sync_every={self.sync_every}: a weight sync was skipped or failed")
         pl_module.log("vllm/weight_sync_bytes", float(self.engine.last_sync.get("bytes", 0.0)))
+        pl_module.log("vllm/live_servers", float(len(self.engine.pool.live)))
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.engine is None:
@@ -233,9 +257,9 @@ class VLLMServerRollout(EngineCallback):
         engine.close()
 
     def _cleanup(self) -> None:  # the engine's close() stops the servers it launched, by pid
-        if self._export_dir:
-            shutil.rmtree(self._export_dir, ignore_errors=True)
-            self._export_dir = None
+        if self._run_dir:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
 
 
 def check_staleness(max_staleness: Any, sync_every: int) -> None:

@@ -14,6 +14,12 @@ raises a `ServerFailure` that names each server, its reason and ``where`` (the t
 so a run stops instead of hanging. A 4xx answer is a bad request, not a dead server: it is
 raised at once with the server's message.
 
+Nothing waits in silence: a request (completion or control call) still unanswered after
+``warn_after`` seconds logs a warning naming the server, the route and the step, and dropping a
+server logs one naming it, the step and why. `post_all` (the weight sync's calls) drops a server
+it cannot reach and goes on with the others, as a rollout does; `revive` brings back dropped
+servers that answer ``/health`` again (the engine syncs and checks them before they sample).
+
 Example:
     >>> pool = ServerPool(["http://127.0.0.1:8000"], model="ckpt_dir")  # doctest: +SKIP
     >>> pool.complete([{"prompt": [1, 4, 5], "max_tokens": 4, "seed": 0}])  # doctest: +SKIP
@@ -21,10 +27,14 @@ Example:
 """
 from __future__ import annotations
 
+import logging
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import requests
+
+log = logging.getLogger(__name__)
 
 
 class ServerFailure(RuntimeError):
@@ -44,6 +54,7 @@ class ServerPool:
         request_timeout: seconds one completion may take before its server counts as hung.
         control_timeout: seconds for health, version and weight-reload calls.
         max_inflight: completion requests in flight at once, over all servers.
+        warn_after: seconds a request may wait before a warning names the server it waits on.
 
     ``dead`` maps a failed server's URL to the reason; ``where`` (set by the engine) names the
     trainer step in errors.
@@ -54,22 +65,77 @@ class ServerPool:
     """
 
     def __init__(self, urls: list[str], model: str, *, request_timeout: float = 600.0, control_timeout: float = 600.0,
-                 max_inflight: int = 64):
+                 max_inflight: int = 64, warn_after: float = 60.0):
         if not urls:
             raise ValueError("give at least one vLLM server URL (urls=[...]) or launch=dict(...) to start one")
-        if request_timeout <= 0 or control_timeout <= 0 or max_inflight < 1:
-            raise ValueError(f"request_timeout and control_timeout must be > 0 s and max_inflight >= 1 (got "
-                             f"{request_timeout}, {control_timeout}, {max_inflight})")
+        if request_timeout <= 0 or control_timeout <= 0 or max_inflight < 1 or warn_after <= 0:
+            raise ValueError(f"request_timeout, control_timeout and warn_after must be > 0 s and max_inflight >= 1 "
+                             f"(got {request_timeout}, {control_timeout}, {warn_after}, {max_inflight})")
         self.urls = [u.rstrip("/") for u in urls]
         self.model, self.request_timeout, self.control_timeout = model, request_timeout, control_timeout
-        self.max_inflight = max_inflight
+        self.max_inflight, self.warn_after = max_inflight, warn_after
         self.dead: dict[str, str] = {}
         self.where = "start-up"
         self.served: dict[str, int] = {u: 0 for u in self.urls}  # completions answered, per server
+        self.warned: set[tuple[str, str, str]] = set()  # (server, route, step) already warned about
+        self.probing: dict[str, tuple[int, int]] = {}  # dropped server -> (syncs before its next probe, failed probes)
 
     @property
     def live(self) -> list[str]:
         return [u for u in self.urls if u not in self.dead]
+
+    # ---------------------------------------------------------------- dropping and reviving servers
+    def drop(self, url: str, reason: str) -> None:
+        """Stop sending to ``url`` (the first reason is kept) and say so once."""
+        if url not in self.dead:
+            self.dead[url] = reason
+            log.warning("vLLM server %s dropped at %s: %s (%d of %d servers left)", url, self.where, reason,
+                        len(self.live), len(self.urls))
+
+    def revive(self) -> list[str]:
+        """Dropped servers that answer ``/health`` again, taken back (the caller must sync and check
+        them before they sample: they may hold other weights)."""
+        back = []
+        for url in [u for u in self.urls if u in self.dead]:
+            skip, failed = self.probing.get(url, (0, 0))
+            if skip:  # a host that stays away costs a probe timeout only every 2^k syncs (at most 64)
+                self.probing[url] = (skip - 1, failed)
+                continue
+            try:
+                healthy = requests.get(url + "/health", timeout=min(self.control_timeout, 10.0)).status_code == 200
+            except requests.RequestException:
+                healthy = False
+            if healthy:
+                self.probing.pop(url, None)
+                log.warning("vLLM server %s answers again at %s (dropped for: %s): it rejoins after a full weight "
+                            "sync and checks", url, self.where, self.dead.pop(url))
+                back.append(url)
+            else:
+                self.probing[url] = (min(2 ** failed, 64) - 1, failed + 1)
+        return back
+
+    def adopt(self, live: list[str]) -> None:
+        """Take rank 0's view after its sync: exactly ``live`` hold the synced weights."""
+        for url in self.urls:
+            if url in live:
+                self.dead.pop(url, None)
+            else:
+                self.drop(url, "not synced by rank 0 (dropped there)")
+
+    def waiting(self, url: str, what: str) -> threading.Timer:
+        """A started timer that warns when a request to ``url`` is still unanswered after ``warn_after`` s."""
+        where, limit = self.where, self.request_timeout if what == "/v1/completions" else self.control_timeout
+
+        def warn() -> None:
+            if (url, what, where) not in self.warned:  # once per server, route and step, not per row
+                self.warned.add((url, what, where))
+                log.warning("vLLM server %s has not answered %s for %.0f s at %s (it counts as hung after %.0f s)",
+                            url, what, self.warn_after, where, limit)
+
+        timer = threading.Timer(self.warn_after, warn)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     # ---------------------------------------------------------------- control routes
     def get(self, url: str, path: str) -> Any:
@@ -79,15 +145,28 @@ class ServerPool:
         return self._call("POST", url, path, body)
 
     def post_all(self, path: str, body: dict[str, Any] | None = None) -> list[Any]:
-        """``POST`` to every live server (in order); a failure names the server and raises."""
-        return [self.post(url, path, body) for url in self.live]
+        """``POST`` to every live server (in order). One that cannot be reached or times out is
+        dropped and the others go on; an error answer, or no server left, raises naming them."""
+        answers = []
+        for url in self.live:
+            try:
+                answers.append(self.post(url, path, body))
+            except ServerFailure:
+                if url not in self.dead:  # it answered with an error: not a lost server
+                    raise
+        if not self.live:
+            raise ServerFailure(self.failure(f"no vLLM server is left for {path}"))
+        return answers
 
     def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None) -> Any:
+        timer = self.waiting(url, path)
         try:
             resp = requests.request(method, url + path, json=body, timeout=self.control_timeout)
         except requests.RequestException as err:
-            self.dead[url] = f"{type(err).__name__} on {path}: {err}"
-            raise ServerFailure(self._failure(f"{path} to {url} failed")) from err
+            self.drop(url, f"{type(err).__name__} on {path}: {err}")
+            raise ServerFailure(self.failure(f"{path} to {url} failed")) from err
+        finally:
+            timer.cancel()
         if resp.status_code >= 400:
             raise ServerFailure(f"vLLM server {url} answered {resp.status_code} to {path} at {self.where}: "
                                 f"{resp.text[:500]}")
@@ -121,7 +200,7 @@ class ServerPool:
                         results[index] = future.result()
                         self.served[url] += 1
                     except (requests.ConnectionError, requests.Timeout, ServerError) as err:
-                        self.dead.setdefault(url, f"{type(err).__name__}: {err}")
+                        self.drop(url, f"{type(err).__name__} on a completion: {err}")
                         pending.append(index)  # retried on another server
                     except BaseException:
                         for other in running:
@@ -132,13 +211,18 @@ class ServerPool:
     def _least_loaded(self, load: dict[str, int]) -> str:
         live = self.live
         if not live:
-            raise ServerFailure(self._failure("no vLLM server is left to sample from"))
+            raise ServerFailure(self.failure("no vLLM server is left to sample from"))
         return min(live, key=lambda u: (load[u], self.urls.index(u)))
 
     def _completion(self, url: str, body: dict[str, Any]) -> tuple[list[int], list[float]]:
         if url in self.dead:  # died while this request waited for a slot
             raise ServerError(self.dead[url])
-        resp = requests.post(url + "/v1/completions", json={"model": self.model, **body}, timeout=self.request_timeout)
+        timer = self.waiting(url, "/v1/completions")
+        try:
+            resp = requests.post(url + "/v1/completions", json={"model": self.model, **body},
+                                 timeout=self.request_timeout)
+        finally:
+            timer.cancel()
         if resp.status_code >= 500:
             raise ServerError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         if resp.status_code >= 400:
@@ -146,7 +230,8 @@ class ServerPool:
         choice = resp.json()["choices"][0]
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
-    def _failure(self, what: str) -> str:
+    def failure(self, what: str) -> str:
+        """A `ServerFailure`'s message: what failed, the step, and each dropped server's reason."""
         reasons = "; ".join(f"{u}: {r}" for u, r in self.dead.items()) or "none recorded"
         return (f"{what} at {self.where} (servers {self.urls}; failed: {reasons}). Checkpoints saved so far are "
                 "intact: restart the servers and resume with trainer.fit(..., ckpt_path=<last checkpoint>)")

@@ -172,6 +172,7 @@ class AdapterTransport:
         self.directory, self.policy, self.dtype, self.prefix = directory, policy, dtype, prefix
         self.model: str | None = None
         self.sends = 0
+        self.holders: set[str] = set()  # servers holding self.model (loaded by this transport)
 
     def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]] = (), *,
              tie_word_embeddings: bool = False, version: int = 0) -> int:
@@ -183,19 +184,31 @@ class AdapterTransport:
         sent = write_adapter(path, self.policy, self.dtype)
         previous, self.sends = self.model, self.sends + 1
         for url in pool.live:
-            if previous is None:  # a new trainer (a resume): adapters an earlier one left would block our names
-                for stale in self._ours(pool, url):
-                    self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": stale})
-            elif previous == name:  # the same step again: its name is taken, free it (see module docstring)
-                self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": name})
-            self._call(pool, url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
-            if previous not in (None, name):
-                self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": previous})
+            try:
+                self._load(pool, url, name, path, previous if url in self.holders else None)
+            except ServerFailure:
+                if url not in pool.dead:
+                    raise
+                self.holders.discard(url)  # lost (dropped by the pool): the others go on
+        if not pool.live:
+            raise ServerFailure(pool.failure("no vLLM server is left to load the adapter"))
         pool.model, self.model = name, name
         for old in os.listdir(self.directory):  # the servers hold earlier adapters in memory, not on disk
             if old != os.path.basename(path):
                 shutil.rmtree(os.path.join(self.directory, old), ignore_errors=True)
         return sent
+
+    def _load(self, pool: ServerPool, url: str, name: str, path: str, previous: str | None) -> None:
+        """Load adapter ``name`` on ``url``; ``previous`` is what this transport last loaded there."""
+        if previous is None:  # a new trainer (a resume) or a returning server: adapters left there block our names
+            for stale in self._ours(pool, url):
+                self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": stale})
+        elif previous == name:  # the same step again: its name is taken, free it (see module docstring)
+            self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": name})
+        self._call(pool, url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if previous not in (None, name):
+            self._call(pool, url, "/v1/unload_lora_adapter", {"lora_name": previous})
+        self.holders.add(url)
 
     def _ours(self, pool: ServerPool, url: str) -> list[str]:
         names = [m["id"] for m in pool.get(url, "/v1/models")["data"]]

