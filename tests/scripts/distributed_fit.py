@@ -29,7 +29,8 @@ DTensor or full tensors, trainable or not, parameter count and sum, whether any 
 module's state_dict).
 
 With ``--engine server`` rollouts come from one vLLM server that `VLLMServerRollout(launch=...)`
-starts (on rank 0; logs in ``DIR/vllm``); each rank writes ``server_rank{r}.json``: per rollout
+starts (on rank 0; logs in ``DIR/vllm``), or from running ones (``--server-urls URL,URL``: then
+the final weights are sent, checked and written to ``served_rank{r}.json``, `ServedWeights`); each rank writes ``server_rank{r}.json``: per rollout
 the policy version, the model name its requests named and how many servers its engine owns.
 ``--lora`` trains a LoRA adapter (r = 4), synced to the server as an adapter.
 """
@@ -74,6 +75,24 @@ class ServerRecorder(RLCallback):
         RECORD["server"].append([experience.policy_version, engine.pool.model, len(engine.servers)])
 
 
+class ServedWeights(RLCallback):
+    """At the end of training: send the final weights, then check every server holds that version
+    and (rank 0) computes the policy's log-probs; the result goes to ``served_rank{r}.json``."""
+
+    def __init__(self, out: str):
+        self.out = out
+
+    def on_train_end(self, trainer, module):
+        module.sync_engine(force=True)
+        engine = module.rollout_engine
+        engine.check_versions()
+        worst = None
+        if trainer.global_rank == 0:
+            worst = engine.check_parity(module.policy, module.tokenizer("12+34=")["input_ids"])
+        with open(os.path.join(self.out, f"served_rank{trainer.global_rank}.json"), "w") as f:
+            json.dump({"version": module.policy_version, "servers": len(engine.pool.live), "parity": worst}, f)
+
+
 class EpisodeRecorder(RLCallback):
     """Each rollout's per-row episode counts on this rank (what the rank-local metrics would use)."""
 
@@ -108,11 +127,12 @@ def main() -> None:
     p.add_argument("--strategy", default="ddp")
     p.add_argument("--num-nodes", type=int, default=1, help="> 1: one process per node, started by torchrun")
     p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=int(os.environ.get("FIT_STEPS", 3)), help="default: $FIT_STEPS or 3")
     p.add_argument("--prompts", type=int, default=4, help="prompts per step over all ranks")
     p.add_argument("--kl-coef", type=float, default=0.05)
     p.add_argument("--resume-at", type=int, default=None)
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "server"])
+    p.add_argument("--server-urls", default=None, help="--engine server: comma-separated running servers")
     p.add_argument("--lora", action="store_true")
     p.add_argument("--streams", action="store_true")
     p.add_argument("--micro-batch-size", type=int, default=None)
@@ -174,15 +194,18 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
     trainer = L.Trainer(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy, max_steps=steps,
                         logger=CSVLogger(args.out, name="", version=version), log_every_n_steps=1,
                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=bool(callbacks),
-                        callbacks=list(callbacks) + engine_callbacks(args.engine, args.out))
+                        callbacks=list(callbacks) + engine_callbacks(args.engine, args.out, args.server_urls))
     trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return trainer, module
 
 
-def engine_callbacks(engine: str, out: str) -> list:
+def engine_callbacks(engine: str, out: str, urls: str | None = None) -> list:
     if engine == "hf":
         return []
     from lightning_rlpt.callbacks import VLLMRollout, VLLMServerRollout
+    if engine == "server" and urls:
+        servers = VLLMServerRollout(urls=urls.split(","), request_timeout=120, control_timeout=120)
+        return [servers, ServerRecorder(), ServedWeights(out)]
     if engine == "server":
         launch = dict(num_servers=1, max_model_len=64, kv_cache_memory_bytes=64 << 20, dtype="float32",
                       log_dir=os.path.join(out, "vllm"))

@@ -1,0 +1,69 @@
+"""What the multi-host tests share: docs/distributed.md's blocks as written, each host's
+environment, and the metrics a run logged."""
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+import time
+
+from conftest import ROOT, WALL_CLOCK
+
+DOC = os.path.join(ROOT, "docs", "distributed.md")
+SCRIPT = os.path.join(ROOT, "tests", "scripts", "distributed_fit.py")
+
+
+def recipe(marker: str) -> str:
+    """The one bash block of docs/distributed.md whose text contains ``marker``."""
+    blocks = re.findall(r"```bash\n(.*?)```", open(DOC).read(), flags=re.S)
+    [block] = [b for b in blocks if marker in b]
+    return block
+
+
+def env_for(**extra: str) -> dict[str, str]:
+    """This environment without a launcher's rank variables, this venv's tools first, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def metrics(out) -> list[dict[str, float]]:
+    """Every row of every metrics.csv under ``out``, without wall-clock columns."""
+    rows = []
+    for path in sorted(out.glob("**/metrics.csv")):
+        with open(path) as f:
+            rows += [{k: float(v) for k, v in r.items() if v != "" and not k.startswith(WALL_CLOCK)}
+                     for r in csv.DictReader(f)]
+    assert rows, f"no metrics under {out}"
+    return rows
+
+
+def cause(log: str) -> str:
+    """The first traceback of a process's output (torchrun's summary after it says little)."""
+    start = log.find("Traceback")
+    return log[start:start + 4000] if start >= 0 else log[-3000:]
+
+
+def run_nodes(cluster, hosts: list[str], block: str, timeout: float, **env: str) -> None:
+    """``block`` on each host at once (``NODE_RANK`` = its position); both must end, with 0, in time."""
+    nodes = [cluster.popen(h, ["bash", "-c", block], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           env=env_for(NODE_RANK=str(i), **env)) for i, h in enumerate(hosts)]
+    logs = []
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        try:
+            logs.append(node.communicate(timeout=max(1.0, deadline - time.monotonic()))[0].decode(errors="replace"))
+        except subprocess.TimeoutExpired:
+            cluster.close()
+            raise AssertionError(f"the nodes did not end within {timeout} s") from None
+    assert [n.returncode for n in nodes] == [0] * len(nodes), "\n---\n".join(cause(log) for log in logs)
+
+
+def run_single_host(out, *args: str, timeout: float) -> None:
+    """The same script as two processes on this host (Lightning's own launcher)."""
+    done = subprocess.run([sys.executable, SCRIPT, "--strategy", "ddp", "--out", str(out), *args], env=env_for(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, cause(done.stderr)
