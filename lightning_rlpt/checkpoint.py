@@ -36,7 +36,8 @@ import torch
 ALGORITHM_KEYS = ("policy_loss", "advantage", "loss_aggregation", "clip_low", "clip_high", "dual_clip", "kl_coef",
                   "kl_estimator", "group_size", "advantage_kwargs", "policy_loss_kwargs", "rollout_correction",
                   "rollout_correction_cap", "rollout_correction_kl", "updates_per_rollout", "minibatch_size", "mask_truncated_completions",
-                  "top_entropy_quantile", "seed", "seed_per_prompt", "generation", "reward_funcs", "reward_weights")
+                  "top_entropy_quantile", "seed", "seed_per_prompt", "generation", "reward_funcs", "reward_weights",
+                  "entropy_coef", "multi_objective_aggregation")
 MEMORY_ONLY = ("max_batch_rows",)  # generation settings that change no completion (each row has its own seed)
 
 

@@ -93,8 +93,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             the callable. Checked at construction (and bitsandbytes' support of the device when
             fitting starts), before any rollout.
         lr_scheduler: a callable ``optimizer -> LRScheduler`` (``LRSchedulerCallable``), stepped
-            after every optimizer step, e.g. ``functools.partial(lightning_rlpt.optim.WarmupCosineLR,
-            total_steps=200, warmup_steps=10)``; None: constant. Checkpointed by Lightning;
+            after every optimizer step, e.g. ``functools.partial(lightning_rlpt.optim.WarmupLinearLR,
+            warmup_steps=10)`` (its length: the run's, `optim.run_steps`); None: constant. Checkpointed by Lightning;
             ``LearningRateMonitor`` logs it.
         lr / weight_decay / betas / max_grad_norm: the default AdamW (lr > 0) and gradient clipping
             (``Trainer(gradient_clip_val=c)`` sets ``max_grad_norm=c``; ``accumulate_grad_batches`` is refused).

@@ -114,3 +114,22 @@ def test_off_by_default_and_no_metric(warm_start_dir, arithmetic_rows):
 def test_bad_coefficient_is_refused_before_the_model_loads(bad):
     with pytest.raises(ValueError, match=r"entropy_coef must be a finite number .*0.001-0.01 is usual"):
         RLModule("org/never-downloaded", reward_funcs=[task.exact_answer], entropy_coef=bad)
+
+
+def test_a_resume_under_another_coefficient_or_aggregation_is_refused(warm_start_dir, arithmetic_rows, tmp_path):
+    """Both change what is trained: `checkpoint.ALGORITHM_KEYS` compares them at resume."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from conftest import quiet_trainer
+    from lightning_rlpt import PromptDataModule
+
+    def fit(module, steps, ckpt_path=None, **kwargs):
+        quiet_trainer(max_steps=steps, **kwargs).fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=2),
+                                                     ckpt_path=ckpt_path)
+
+    fit(_module(warm_start_dir, entropy_coef=0.01), 1, enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(dirpath=str(tmp_path), filename="ckpt", every_n_train_steps=1)])
+    changed = _module(warm_start_dir, entropy_coef=0.02, multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(ValueError, match=r"entropy_coef: saved 0.01, now 0.02; multi_objective_aggregation: saved "
+                                         r"'sum_then_normalize', now 'normalize_then_sum'"):
+        fit(changed, 2, ckpt_path=str(tmp_path / "ckpt.ckpt"))
