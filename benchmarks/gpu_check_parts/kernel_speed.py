@@ -20,7 +20,7 @@ from .kernel_ops import candidates, chosen, make_inputs, training_step
 CASES = [(896, 151936, 16384, torch.bfloat16), (4096, 128256, 16384, torch.bfloat16),
          (896, 151936, 8192, torch.float32), (4096, 128256, 8192, torch.float32)]
 DRY_CASES = [(64, 5000, 96, torch.bfloat16), (64, 5000, 96, torch.float32)]
-CASE_BUDGET_S, DRY_CASE_BUDGET_S = 4.0, 0.2  # timed repeats per candidate fit in this (2 to 5 of them)
+CASE_BUDGET_S, DRY_CASE_BUDGET_S = 2.5, 0.2  # timed repeats per candidate fit in this (2 to 5 of them)
 
 
 def measure(fn, hidden, weight, targets, coef, device: str, budget_s: float) -> dict[str, float | list[float] | None]:
