@@ -7,7 +7,7 @@ warnings, the module that raises it), so every other warning, Lightning's includ
 - `quiet_fit` (from ``RLModule.configure_callbacks``, at the start of every fit):
   ``ModelCheckpoint``'s 15-line advice to save a "pre-optimization state" under manual
   optimization. RLModule's checkpoint holds the state after the step on purpose: resuming from
-  it continues the run exactly (docs/checkpointing.md), so the advice is wrong here. And torch's
+  it continues the run exactly (docs/cli.md, "Resuming a run"), so the advice is wrong here. And torch's
   ``FutureWarning`` about ``LeafSpec``, raised by Lightning's own ``utilities/_pytree.py`` on every
   fit with this project's torch: nothing a user can act on.
 - `quiet_empty_validation` (from ``PromptDataModule.val_dataloader`` when it has no validation
