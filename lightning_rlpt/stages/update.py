@@ -35,10 +35,10 @@ from ..hooks import call_hook
 from ..model.distributed import reduce_over_ranks
 from ..model.trainer_checks import adopt_trainer_knobs
 from ..model.weights import grad_norm
-from .step_metrics import add_metrics, clip_extremes, reduce_extremes
-from .timing import seconds_since
 from ..progress import count_steps
 from ..quiet import quiet_fit
+from .step_metrics import add_metrics, clip_extremes, reduce_extremes
+from .timing import seconds_since
 
 PROGRESS_BAR = ("reward", "kl", "entropy", "throughput/tokens_per_s")
 
@@ -77,6 +77,8 @@ class PolicyUpdate:
         metrics["throughput/tokens_per_s"] = tokens / max(seconds, 1e-9)
         # TRL's step_time is seconds per optimizer step (its generation included), as here.
         metrics.update(step_time=seconds / steps, learning_rate=learning_rate)
+        if self.hparams.entropy_coef:  # TRL logs it whenever the bonus is on; once, not per micro-batch
+            metrics["entropy_coef"] = self.hparams.entropy_coef
         self._log_dict(metrics, prog_bar_keys=PROGRESS_BAR)
 
     def accumulate_gradients(self, minibatch: Experience) -> dict[str, float]:
@@ -155,8 +157,6 @@ class PolicyUpdate:
         metrics = {f"{k}_mean": token_mean(v) for k, v in stats.items()}
         metrics.update(clip_extremes(stats, mask))  # clip_ratio/low_min, high_max: min/max over sequences
         metrics["entropy"] = token_mean(entropy)
-        if coef:
-            metrics["entropy_coef"] = coef  # TRL logs it whenever the bonus is on
         if policy_mask is not None:
             metrics["top_entropy/kept_fraction"] = token_mean(policy_mask)
         if mb.ref_logprobs is not None:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import tiny_task as task
-from lightning_rlpt import RLModule
+from conftest import quiet_trainer
+from lightning_rlpt import PromptDataModule, RLModule
 from lightning_rlpt.algorithms.entropy_bonus import entropy_bonus
 from lightning_rlpt.model.logprobs import position_ids_for
 from lightning_rlpt.rollout import collect
@@ -53,7 +54,6 @@ def test_loss_is_the_policy_loss_minus_coef_times_the_mean_token_entropy(warm_st
     assert mean_h > 0.1
     # the same token mean for either aggregation: TRL's bonus is not rescaled to the loss type
     assert with_bonus.item() == pytest.approx(without.item() - 0.3 * mean_h, rel=1e-5, abs=1e-6)
-    assert metrics["entropy_coef"] == 0.3
     assert metrics["policy_loss"] == pytest.approx(without.item(), rel=1e-6)
     assert metrics["loss"] == pytest.approx(with_bonus.item(), rel=1e-6)
 
@@ -102,6 +102,14 @@ def test_the_bonus_is_trls_on_the_same_tensors():
     h, m = torch.tensor([[1.0, 3.0], [2.0, 9.0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     assert entropy_bonus(h, m, 3).item() == 2.0
     assert entropy_bonus(h, m, 3, policy_mask=torch.tensor([[0.0, 1.0], [1.0, 1.0]])).item() == pytest.approx(5 / 3)
+
+
+def test_a_fit_logs_the_coefficient_once_per_step_whatever_the_micro_batches(warm_start_dir, arithmetic_rows):
+    module = _module(warm_start_dir, entropy_coef=0.3, micro_batch_size=2)
+    trainer = quiet_trainer(max_steps=1)
+    trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=2))  # 8 rows: 4 micro-batches
+    assert trainer.callback_metrics["entropy_coef"].item() == pytest.approx(0.3)
+    assert "policy_loss" in trainer.callback_metrics
 
 
 def test_off_by_default_and_no_metric(warm_start_dir, arithmetic_rows):
