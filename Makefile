@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml Makefile
 	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v bwrap >/dev/null; then \
 		apt-get install -y bubblewrap >/dev/null 2>&1 || (apt-get update >/dev/null 2>&1 && apt-get install -y bubblewrap >/dev/null 2>&1) \
 		|| echo "could not install bubblewrap: CodeExecutionReward needs it (or sandbox='local-unsafe')"; fi
+	# The multi-host tests' hosts are network namespaces (`ip netns`, iproute2); without it they skip, saying why.
+	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v ip >/dev/null; then \
+		apt-get install -y iproute2 >/dev/null 2>&1 || (apt-get update >/dev/null 2>&1 && apt-get install -y iproute2 >/dev/null 2>&1) \
+		|| echo "could not install iproute2: the tests/multinode tests will skip"; fi
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install torch==2.13.0
