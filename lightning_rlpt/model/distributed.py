@@ -9,10 +9,12 @@ FSDP2 (``fully_shard``) shards every decoder layer and then the whole policy ove
 data-parallel dimension; the frozen reference of a full fine-tune is sharded the same way.
 ``transformers.generate`` then all-gathers layers forward by forward, and every rank must run
 the same number of forwards, hence ``synced_gpus`` in `rollout.hf.HFGenerateEngine`.
+Log-probs run the decoder and then the (fused) LM head as a registered forward method of the
+root unit (`run_as_root_forward`), not through the root's ``forward``.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -61,7 +63,49 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def is_sharded(model: nn.Module) -> bool:
     """FSDP2 turns parameters into DTensors."""
-    return any(type(p).__name__ == "DTensor" for p in model.parameters())
+    return any(is_dtensor(p) for p in model.parameters())
+
+
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    return type(tensor).__name__ == "DTensor"
+
+
+# The name under which `run_as_root_forward` registers its forward method on a sharded root.
+ROOT_FORWARD = "_rlpt_root_forward"
+
+
+def run_as_root_forward(model: nn.Module, fn: Callable[[], Any]) -> Any:
+    """``fn()`` run as a forward of the FSDP2 root unit ``model``.
+
+    FSDP2 gathers the root unit's own parameters (embeddings, final norm, LM head: those no inner
+    ``fully_shard`` unit holds) in the hooks around the root's ``forward`` only. Calling the decoder
+    and the head directly would leave them sharded; and a head weight gathered by hand with
+    ``full_tensor()`` sends its gradient to each rank's own shard unreduced (seen on two gloo
+    ranks: each shard held its rank's gradient, not the average). FSDP2's public ``register_fsdp_forward_method`` wraps any method in the
+    same pre-/post-forward hooks: the root's parameters are gathered while ``fn`` runs (the
+    decoder's layers still gather their own), the post-forward hook registers the pre-backward
+    hook on ``fn``'s outputs, and the root's post-backward reduce-scatters every gradient that
+    reached the gathered parameters (the fused kernel's included). A no-op wrapper on a model
+    whose root is not an FSDP2 unit.
+
+    Args:
+        model: the policy or reference, sharded by `shard_with_fsdp2` (or any ``fully_shard``ed root).
+        fn: a function of no arguments that runs parts of ``model`` and returns tensors.
+    """
+    if ROOT_FORWARD not in vars(model):
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        setattr(model, ROOT_FORWARD, _call)  # an instance attribute: the hooks are per module, not per class
+        register_fsdp_forward_method(model, ROOT_FORWARD)
+    return getattr(model, ROOT_FORWARD)(fn)
+
+
+def _call(fn: Callable[[], Any]) -> Any:
+    # FSDP2 hangs its pre-backward hook on the outputs, and an in-place op on a view output would
+    # drop it (FSDP warns on every call): return copies of views (log-probs: [N, C], cheap).
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda t: t.clone() if t._is_view() else t, fn())
 
 
 def world_size() -> int:

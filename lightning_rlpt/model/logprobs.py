@@ -6,16 +6,16 @@ The decoder runs once; the LM head then scores only the completion positions. Wi
 an ``[N, C, V]`` logits buffer. A peft LoRA on ``lm_head`` takes the fused path too, through its
 effective weight ``W + Σ s·B·A`` (one ``[V, H]`` temporary, the size of the head, whose gradient
 flows back to ``A`` and ``B``) when no LoRA dropout is active; any other head (DoRA, soft-capped
-logits, dropout in training mode) takes the plain path. An FSDP2-sharded model runs
-its root forward instead (``logits_to_keep`` trims the logits to the completion), so FSDP's
-hooks gather every parameter, the LM head included; the fused kernel is not used there.
+logits, dropout in training mode) takes the plain path. An FSDP2-sharded model runs the same
+decoder-then-head code as a forward method of its root unit (`run_as_root_forward`), so the
+fused kernel is used there too, on the gathered head weight.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .distributed import is_sharded
+from .distributed import is_dtensor, is_sharded, run_as_root_forward
 
 
 def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -50,21 +50,46 @@ def completion_logprobs(
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
                       position_ids=position_ids_for(attention_mask), use_cache=False)
         keep = None
-    if is_sharded(model):
-        if keep is None:
-            logits = model(**inputs, logits_to_keep=completion_len + 1).logits[:, :-1]
-        else:  # the packed row's logits at the kept positions only, reshaped to [N, C, V]
-            logits = model(**inputs, logits_to_keep=keep.flatten()).logits[0].view(*keep.shape, -1)
-        return logits_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
-    hidden = model.get_decoder()(**inputs).last_hidden_state
-    hidden = hidden[:, -completion_len - 1 : -1] if keep is None else hidden[0, keep]
-    head = model.get_output_embeddings()
-    linear = head_as_linear(head) if use_fused_kernel and _fused() is not None else None
-    if linear is not None:
-        weight, bias = linear
-        logp, ent = _fused()(hidden, weight, targets, bias=bias, temperature=temperature, return_entropy=with_entropy)
-        return logp, (ent.detach() if ent is not None and not entropy_grad else ent)
-    return logits_logprobs(head(hidden), targets, temperature, with_entropy, entropy_grad)
+
+    def score() -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden = model.get_decoder()(**inputs).last_hidden_state
+        hidden = hidden[:, -completion_len - 1 : -1] if keep is None else hidden[0, keep]
+        return head_logprobs(model.get_output_embeddings(), hidden, targets, temperature, with_entropy,
+                             use_fused_kernel, entropy_grad)
+
+    # Under FSDP2 the root unit's parameters (embeddings, final norm, LM head) are gathered by its
+    # forward hooks only: `score` runs between them, so the head weight it reads is the gathered one.
+    return run_as_root_forward(model, score) if is_sharded(model) else score()
+
+
+def head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                  with_entropy: bool, use_fused_kernel: bool = True,
+                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``targets`` from the last hidden states ``[..., H]``:
+    the fused kernel when the head is a plain linear map (`head_as_linear`), else full logits.
+
+    Args:
+        head: the LM head (``model.get_output_embeddings()``).
+        hidden: hidden states at the positions that predict ``targets``.
+        targets: token ids, ``hidden.shape[:-1]``.
+        temperature: logits are divided by it.
+        with_entropy: also return the entropies (detached unless ``entropy_grad``).
+        use_fused_kernel: False forces full logits.
+        entropy_grad: the entropies carry gradient (the fused kernel's own entropy backward).
+    """
+    fused = _fused() if use_fused_kernel else None
+    # A head still sharded here (its own fully_shard unit, outside the root's) gathers only in its
+    # own forward: give it full logits rather than the fused op a DTensor.
+    linear = head_as_linear(head) if fused is not None and not _sharded_head(head) else None
+    if linear is None:
+        return logits_logprobs(head(hidden), targets, temperature, with_entropy, entropy_grad)
+    weight, bias = linear
+    logp, ent = fused(hidden, weight, targets, bias=bias, temperature=temperature, return_entropy=with_entropy)
+    return logp, (ent.detach() if ent is not None and not entropy_grad else ent)
+
+
+def _sharded_head(head: nn.Module) -> bool:
+    return any(is_dtensor(p) for p in head.parameters())
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int
