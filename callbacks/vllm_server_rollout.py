@@ -18,6 +18,7 @@ from lightning_rlpt.rollout.vllm.lora_transport import (LORA_SYNC_MODES, Adapter
                                                         launch_lora_options)
 from lightning_rlpt.rollout.vllm.pipeline import RolloutPipeline
 from lightning_rlpt.rollout.vllm.ranks import check_strategy, lead_then_share
+from lightning_rlpt.rollout.vllm.reach import check_reachable
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer, sigterm_raises
 from lightning_rlpt.rollout.vllm.transport import SnapshotTransport, write_snapshot
@@ -101,6 +102,9 @@ class VLLMServerRollout(EngineCallback):
             raise ValueError(f"launch num_servers must be >= 1 (got {launch['num_servers']})")
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1 optimizer steps (got {sync_every}); 1 is on-policy")
+        if min(request_timeout, control_timeout, warn_after) <= 0:
+            raise ValueError(f"request_timeout, control_timeout and warn_after must be > 0 seconds (got "
+                             f"{request_timeout}, {control_timeout}, {warn_after})")
         if lora_sync not in LORA_SYNC_MODES:
             raise ValueError(f"lora_sync must be one of {LORA_SYNC_MODES} (got {lora_sync!r})")
         check_staleness(max_staleness, sync_every)
@@ -142,6 +146,7 @@ class VLLMServerRollout(EngineCallback):
 
         urls = lead_then_share(launch, "launching the vLLM servers") if self.launch else list(self.urls)
         try:
+            pass  # BREAKCHECK check_reachable(urls)  # from every rank: one rank cut off would leave the others in a collective
             engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
                                            transport=transport, sync_every=self.sync_every,
                                            overrides=self.overrides, tie_word_embeddings=tied,

@@ -101,6 +101,11 @@ def test_the_guard_ends_the_whole_session_and_removes_folders_when_its_trainer_i
         parent.kill()
 
 
+def test_a_wait_threshold_of_zero_is_refused_before_any_server_starts():
+    with pytest.raises(ValueError, match=r"warn_after must be > 0 seconds \(got 600.0, 600.0, 0\)"):
+        VLLMServerRollout(launch=dict(num_servers=1), warn_after=0)
+
+
 def kill_session(sid: int) -> None:
     """What a failed test left: SIGKILL every process of session ``sid``, by pid."""
     for pid in session_pids(sid):
