@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import Registry
-from .numerics import clamp_log_ratio
+from .numerics import clamp_log_ratio, safe_ratio
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
 
@@ -38,7 +38,7 @@ KL_ESTIMATORS: Registry = Registry("KL estimator")
 @KL_ESTIMATORS.register("k1")
 def k1_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
             mask: torch.Tensor | None = None) -> torch.Tensor:
-    ratio = torch.exp(logprobs - old_logprobs.detach())
+    ratio = safe_ratio(logprobs - old_logprobs.detach())  # clamped: a stale row's exp would overflow
     return (logprobs - ref_logprobs).detach() * ratio
 
 
@@ -73,7 +73,7 @@ def k3_ratio_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logpro
     loss (``k1``'s is ``ρ·δ``), never in the update. Their expected gradient is that of the
     reverse KL, on- and off-policy.
     """
-    ratio = torch.exp(logprobs - old_logprobs.detach())
+    ratio = safe_ratio(logprobs - old_logprobs.detach())  # clamped as k3's own exponent: finite far off-policy
     return k3_loss(logprobs, ref_logprobs, old_logprobs) * ratio
 
 

@@ -95,3 +95,18 @@ def test_k3_ratio_trains_as_k1_in_a_real_fit(warm_start_dir, arithmetic_rows):
     (k1, k1_loss), (ratio, ratio_loss), (k3, _) = fit("k1"), fit("k3_ratio"), fit("k3")
     assert torch.allclose(ratio, k1, atol=1e-6) and not torch.allclose(k3, k1, atol=1e-6)
     assert not torch.isclose(ratio_loss, k1_loss, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["k1", "k3_ratio"])
+def test_ratio_estimators_stay_finite_far_off_policy(name):
+    """log π - log π_old = 100 (a row far staler than any clip allows): the importance ratio is
+    clamped at e^20 as every other exponentiated log-ratio, so value and gradient stay finite
+    (an unclamped exp gives inf, and inf·0 = NaN in the gradient)."""
+    logp = torch.tensor([[100.0, 0.0]], requires_grad=True)
+    ref = torch.tensor([[99.0, 0.0]])
+    old = torch.zeros(1, 2)
+    value = KL_ESTIMATORS.get(name)(logp, ref, old, torch.ones(1, 2))
+    value.sum().backward()
+    assert torch.isfinite(value).all() and torch.isfinite(logp.grad).all()
+    k = 1.0 if name == "k1" else math.exp(-1) + 1 - 1  # δ = 1 → k1's value δ, k3 = e^{-1} + 1 - 1
+    assert value[0, 0].item() == pytest.approx(k * math.exp(20), rel=1e-5)
