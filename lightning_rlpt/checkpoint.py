@@ -123,14 +123,50 @@ def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
 
 
 def compare_algorithm(saved: dict[str, Any] | None, now: dict[str, Any], overrides: Iterable[str]) -> None:
-    """Refuse to continue under settings other than the saved ones, naming each (``overrides`` excepted)."""
-    keys = tuple(key for key in now if saved is not None and key in saved and key not in overrides
-                 and not _same(saved[key], now[key]))
-    if keys:
-        changed = [f"{key}: saved {saved[key]!r}, now {now[key]!r}" for key in keys]
+    """Refuse to continue under settings other than the saved ones, naming each (``overrides`` excepted).
+    ``generation`` is compared option by option; a key the checkpoint lacks (written before the
+    key existed) counts as the value that version used (`OLD_DEFAULTS`)."""
+    if saved is None:
+        return
+    diffs = [d for key in now if key not in overrides for d in _differences(key, saved, now[key])]
+    if diffs:
+        changed = [f"{_name(key, option)}: saved {old!r}, now {new!r}" for key, option, old, new in diffs]
+        keys = tuple(dict.fromkeys(key for key, *_ in diffs))
         raise ValueError("this checkpoint was trained with other settings than this RLModule's, and resuming would "
                          "silently switch to the new ones: " + "; ".join(changed) + ". Build the module with the "
-                         f"saved values, or pass RLModule(resume_overrides={keys!r}) to continue under the new ones")
+                         f"saved values ({_saved_values(diffs)}), or pass RLModule(resume_overrides={keys!r}) to "
+                         "continue under the new ones")
+
+
+# What a checkpoint written before a setting existed trained with: that setting's value then.
+# (``max_prompt_length`` was always saved, explicitly: its old default 512 is compared as saved.)
+OLD_DEFAULTS = {"entropy_coef": 0.0, "multi_objective_aggregation": "sum_then_normalize"}
+OLD_GENERATION_DEFAULTS = {"generation_kwargs": None}
+
+
+def _differences(key: str, saved: dict[str, Any], value: Any) -> list[tuple[str, str | None, Any, Any]]:
+    """``(key, option, saved, now)`` for each part of ``key`` that differs (``generation``: per option;
+    ``option`` is None for a whole setting)."""
+    if key == "generation" and isinstance(saved.get(key), dict) and isinstance(value, dict):
+        old = {**OLD_GENERATION_DEFAULTS, **saved[key]}
+        return [(key, k, old[k], v) for k, v in value.items() if k in old and not _same(old[k], v)]
+    if key not in saved and key not in OLD_DEFAULTS:
+        return []
+    old = saved.get(key, OLD_DEFAULTS.get(key))
+    return [] if _same(old, value) else [(key, None, old, value)]
+
+
+def _name(key: str, option: str | None) -> str:
+    return key if option is None else f"{key}[{option!r}]"
+
+
+def _saved_values(diffs: list[tuple[str, str | None, Any, Any]]) -> str:
+    """The constructor arguments that restore the saved values, e.g. ``generation=dict(max_prompt_length=512)``."""
+    parts = [f"{key}={old!r}" for key, option, old, _ in diffs if option is None]
+    options = [f"{option}={old!r}" for _, option, old, _ in diffs if option is not None]
+    if options:
+        parts.append(f"generation=dict({', '.join(options)}) next to your other generation options")
+    return ", ".join(parts)
 
 
 def _same(a: Any, b: Any) -> bool:

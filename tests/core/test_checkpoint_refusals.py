@@ -105,3 +105,38 @@ def test_a_checkpoint_from_before_the_checks_resumes_with_a_warning(checkpoint, 
     with pytest.warns(UserWarning, match=r"older lightning_rlpt and lacks \['rollout_draws', 'algorithm', 'checksums'\]"):
         fit(module, arithmetic_rows, 2, ckpt_path=path)
     assert module.policy_version == 2 and module.rollout_draws == 2  # the stream went on from policy_version 1
+
+
+def before_this_version(max_prompt_length: int):
+    """A checkpoint as lightning_rlpt wrote it before ``generation_kwargs``, ``entropy_coef`` and
+    ``multi_objective_aggregation`` existed (the review's finding 3): the keys absent, and
+    ``max_prompt_length`` saved explicitly (512 was its default then)."""
+    def change(state):
+        algorithm = state["lightning_rlpt"]["algorithm"]
+        algorithm.pop("entropy_coef"), algorithm.pop("multi_objective_aggregation")
+        algorithm["generation"].pop("generation_kwargs")
+        algorithm["generation"]["max_prompt_length"] = max_prompt_length
+    return change
+
+
+def test_an_older_checkpoint_resumes_under_the_settings_it_was_trained_with(checkpoint, warm_start_dir,
+                                                                           arithmetic_rows, tmp_path):
+    path = rewrite(checkpoint, tmp_path / "old.ckpt", before_this_version(8))
+    module = make_module(warm_start_dir)  # the same settings: the missing keys are their old values
+    fit(module, arithmetic_rows, 2, ckpt_path=path)
+    assert module.policy_version == 2
+
+
+def test_an_older_checkpoint_refuses_a_real_difference_naming_the_option(checkpoint, warm_start_dir,
+                                                                        arithmetic_rows, tmp_path):
+    path = rewrite(checkpoint, tmp_path / "old512.ckpt", before_this_version(512))
+    module = make_module(warm_start_dir, generation=dict(max_new_tokens=4), entropy_coef=0.1)
+    with pytest.raises(ValueError) as err:  # 512 was the old default, None is today's: a real change
+        fit(module, arithmetic_rows, 2, ckpt_path=path)
+    message = str(err.value)
+    assert "generation['max_prompt_length']: saved 512, now None" in message
+    assert "entropy_coef: saved 0.0, now 0.1" in message  # absent = the 0.0 it trained with
+    assert "generation_kwargs" not in message and "max_new_tokens" not in message
+    assert "entropy_coef=0.0, generation=dict(max_prompt_length=512)" in message
+    assert "resume_overrides=('generation', 'entropy_coef')" in message or \
+        "resume_overrides=('entropy_coef', 'generation')" in message
