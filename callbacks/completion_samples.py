@@ -17,7 +17,7 @@ class CompletionSamples(RLCallback):
 
     Every ``every_n_steps``-th rollout (training batch; the first one included) it picks
     ``num_samples`` completions spread evenly over the batch and records ``step`` (the trainer's
-    global step when they were sampled), ``prompt``, ``completion``, ``reward``, one
+    global step when they were sampled), ``prompt``, ``completion``, ``reward`` (the weighted score, `Experience.scores`), one
     ``reward/<function>`` column per reward function and ``advantage`` (when the batch reaches
     advantage computation). With tools or an environment the completion is the whole episode,
     every turn as ``role: content`` (assistant turns, tool results, observations). Rows are appended to ``completions.csv`` in the trainer's log
@@ -67,7 +67,7 @@ class CompletionSamples(RLCallback):
         per_func = experience.rewards_per_func.detach().cpu()
         for i in self._picked:
             row = {"step": trainer.global_step, "prompt": _text(experience.prompts[i]),
-                   "completion": _completion(experience, i), "reward": float(experience.rewards[i])}
+                   "completion": _completion(experience, i), "reward": float(experience.scores[i])}
             # NaN: the function returned None ("does not apply"); an empty cell, like a missing advantage
             row.update({f"reward/{name}": None if per_func[i, j].isnan() else float(per_func[i, j])
                         for j, name in enumerate(names)})

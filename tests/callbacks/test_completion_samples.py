@@ -95,3 +95,24 @@ def test_counters_resume_from_checkpoint(tmp_path, warm_start_dir, arithmetic_ro
 def test_bad_arguments():
     with pytest.raises(ValueError, match="every_n_steps and num_samples must be >= 1"):
         CompletionSamples(every_n_steps=0)
+
+
+def short_answer(completions, **_):
+    return [float(len(c) <= 2) for c in completions]
+
+
+def test_reward_column_is_the_score_under_normalize_then_sum(tmp_path, warm_start_dir, arithmetic_rows):
+    """GDPO (``normalize_then_sum``) puts each function's group-normalised sum in
+    ``experience.rewards``; the "reward" column is what was scored: the weighted sum of the raw
+    per-function columns (0.5·exact + 2·short), as under the default aggregation."""
+    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer, short_answer], reward_weights=[0.5, 2.0],
+                      multi_objective_aggregation="normalize_then_sum", group_size=4, kl_coef=0.0, lr=1e-3,
+                      generation=dict(max_new_tokens=4, max_prompt_length=8))
+    trainer = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path),
+                            callbacks=[CompletionSamples(every_n_steps=1, num_samples=8)])
+    trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=2))
+    rows = read(os.path.join(str(tmp_path), "completions.csv"))
+    assert len(rows) == 8
+    for r in rows:
+        expected = 0.5 * float(r["reward/exact_answer"]) + 2.0 * float(r["reward/short_answer"])
+        assert float(r["reward"]) == pytest.approx(expected)
