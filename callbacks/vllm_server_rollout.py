@@ -146,7 +146,7 @@ class VLLMServerRollout(EngineCallback):
 
         urls = lead_then_share(launch, "launching the vLLM servers") if self.launch else list(self.urls)
         try:
-            pass  # BREAKCHECK check_reachable(urls)  # from every rank: one rank cut off would leave the others in a collective
+            check_reachable(urls)  # from every rank: one rank cut off would leave the others in a collective
             engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
                                            transport=transport, sync_every=self.sync_every,
                                            overrides=self.overrides, tie_word_embeddings=tied,

@@ -9,10 +9,11 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, WALL_CLOCK
+from conftest import ARITHMETIC, ROOT, WALL_CLOCK
 
 DOC = os.path.join(ROOT, "docs", "distributed.md")
 SCRIPT = os.path.join(ROOT, "tests", "scripts", "distributed_fit.py")
+HEALTH = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)"
 
 
 def recipe(marker: str) -> str:
@@ -67,3 +68,26 @@ def run_single_host(out, *args: str, timeout: float) -> None:
     done = subprocess.run([sys.executable, SCRIPT, "--strategy", "ddp", "--out", str(out), *args], env=env_for(),
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, cause(done.stderr)
+
+
+def start_servers(cluster, hosts: list[str], log_dir, probe_from: str = "trainer0",
+                  timeout: float = 600) -> list[subprocess.Popen]:
+    """The rollout host's block, run as written on each of ``hosts`` at once (logs
+    ``<log_dir>/<host>.log``); returns once each ``/health`` answers from ``probe_from``."""
+    servers = []
+    for host in hosts:
+        log = open(os.path.join(log_dir, f"{host}.log"), "wb")
+        servers.append(cluster.popen(host, ["bash", "-c", recipe("# a rollout host")], stdout=log,
+                                     stderr=subprocess.STDOUT, env=env_for(MODEL=os.path.join(ARITHMETIC, "warm_start"),
+                                                                            HOST_ADDR=cluster.hosts[host])))
+    deadline = time.monotonic() + timeout
+    for host, server in zip(hosts, servers):
+        url = f"http://{cluster.hosts[host]}:8000/health"
+        while cluster.run(probe_from, [sys.executable, "-c", HEALTH, url], timeout=30).returncode:
+            if server.poll() is not None:
+                raise AssertionError(f"the vLLM server on {host} exited ({server.returncode}):\n"
+                                     + open(os.path.join(log_dir, f"{host}.log"), errors="replace").read()[-3000:])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the vLLM server on {host} was not healthy within {timeout} s")
+            time.sleep(2)
+    return servers

@@ -161,6 +161,10 @@ class Cluster:
         index = list(self.hosts).index(host)
         _ip("-n", self.switch, "link", "set", f"p{index}", "up" if up else "down")
 
+    def blackhole(self, host: str, address: str) -> None:
+        """Drop, inside ``host``, every packet to ``address``: that host alone cannot reach it."""
+        _ip("-n", self.namespace(host), "route", "add", "blackhole", f"{address}/32")
+
     def pids(self, host: str) -> list[int]:
         return [int(p) for p in _ip("netns", "pids", self.namespace(host), check=False).split()]
 

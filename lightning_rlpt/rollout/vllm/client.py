@@ -55,6 +55,8 @@ class ServerPool:
         control_timeout: seconds for health, version and weight-reload calls.
         max_inflight: completion requests in flight at once, over all servers.
         warn_after: seconds a request may wait before a warning names the server it waits on.
+        connect_timeout: seconds a connection may take to open. A host whose link is down sends no
+            refusal: without this bound a new request would wait the whole ``request_timeout``.
 
     ``dead`` maps a failed server's URL to the reason; ``where`` (set by the engine) names the
     trainer step in errors.
@@ -65,15 +67,16 @@ class ServerPool:
     """
 
     def __init__(self, urls: list[str], model: str, *, request_timeout: float = 600.0, control_timeout: float = 600.0,
-                 max_inflight: int = 64, warn_after: float = 60.0):
+                 max_inflight: int = 64, warn_after: float = 60.0, connect_timeout: float = 10.0):
         if not urls:
             raise ValueError("give at least one vLLM server URL (urls=[...]) or launch=dict(...) to start one")
-        if request_timeout <= 0 or control_timeout <= 0 or max_inflight < 1 or warn_after <= 0:
-            raise ValueError(f"request_timeout, control_timeout and warn_after must be > 0 s and max_inflight >= 1 "
-                             f"(got {request_timeout}, {control_timeout}, {warn_after}, {max_inflight})")
+        if min(request_timeout, control_timeout, warn_after, connect_timeout) <= 0 or max_inflight < 1:
+            raise ValueError(f"request_timeout, control_timeout, warn_after and connect_timeout must be > 0 s and "
+                             f"max_inflight >= 1 (got {request_timeout}, {control_timeout}, {warn_after}, "
+                             f"{connect_timeout}, {max_inflight})")
         self.urls = [u.rstrip("/") for u in urls]
         self.model, self.request_timeout, self.control_timeout = model, request_timeout, control_timeout
-        self.max_inflight, self.warn_after = max_inflight, warn_after
+        self.max_inflight, self.warn_after, self.connect_timeout = max_inflight, warn_after, connect_timeout
         self.dead: dict[str, str] = {}
         self.where = "start-up"
         self.served: dict[str, int] = {u: 0 for u in self.urls}  # completions answered, per server
@@ -161,7 +164,7 @@ class ServerPool:
     def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None) -> Any:
         timer = self.waiting(url, path)
         try:
-            resp = requests.request(method, url + path, json=body, timeout=self.control_timeout)
+            resp = requests.request(method, url + path, json=body, timeout=self.timeouts(self.control_timeout))
         except requests.RequestException as err:
             self.drop(url, f"{type(err).__name__} on {path}: {err}")
             raise ServerFailure(self.failure(f"{path} to {url} failed")) from err
@@ -220,7 +223,7 @@ class ServerPool:
         timer = self.waiting(url, "/v1/completions")
         try:
             resp = requests.post(url + "/v1/completions", json={"model": self.model, **body},
-                                 timeout=self.request_timeout)
+                                 timeout=self.timeouts(self.request_timeout))
         finally:
             timer.cancel()
         if resp.status_code >= 500:
@@ -229,6 +232,11 @@ class ServerPool:
             raise BadRequest(f"vLLM server {url} rejected a completion request at {self.where}: {resp.text[:500]}")
         choice = resp.json()["choices"][0]
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
+
+    def timeouts(self, answer: float) -> tuple[float, float]:
+        """``requests``' (connect, read) timeouts: a cut link fails a new connection in
+        ``connect_timeout``; a request already sent waits ``answer`` s for its reply."""
+        return min(self.connect_timeout, answer), answer
 
     def failure(self, what: str) -> str:
         """A `ServerFailure`'s message: what failed, the step, and each dropped server's reason."""

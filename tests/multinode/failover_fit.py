@@ -1,0 +1,25 @@
+"""tests/scripts/distributed_fit.py with running servers and a short ``request_timeout``
+(``$REQUEST_TIMEOUT`` s): a server whose host drops off the network mid-rollout costs at most that
+long before its requests go to the others (test_multinode_rollout_faults.py).
+
+    REQUEST_TIMEOUT=20 python tests/multinode/failover_fit.py --strategy single --out DIR \\
+        --engine server --server-urls http://A:8000,http://B:8000
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+
+import distributed_fit as fit  # noqa: E402
+
+
+def engine_callbacks(engine: str, out: str, urls: str | None = None) -> list:
+    from lightning_rlpt.callbacks import VLLMServerRollout
+    servers = VLLMServerRollout(urls=urls.split(","), request_timeout=float(os.environ["REQUEST_TIMEOUT"]),
+                                control_timeout=120, warn_after=5)
+    return [servers, fit.ServerRecorder(), fit.ServedWeights(out)]
+
+
+if __name__ == "__main__":
+    fit.engine_callbacks = engine_callbacks
+    fit.main()

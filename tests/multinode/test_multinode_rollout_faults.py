@@ -1,0 +1,78 @@
+"""Faults between trainer hosts and rollout hosts (network namespaces), each bounded in time with
+a clear outcome: a rollout host that one trainer node cannot reach is refused at start on every
+rank, naming the server and the rank; a rollout host whose link goes down mid-run is dropped
+within ``request_timeout`` + the pool's connect timeout, naming the server and the step, and the
+run ends on the other server (which ends holding the trained weights)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+from multinode_recipes import cause, env_for, recipe, start_servers
+
+BLOCK = "trainer hosts with a rollout host"
+FAILOVER = os.path.join(ROOT, "tests", "multinode", "failover_fit.py")
+REQUEST_TIMEOUT = 20  # seconds a completion already sent to a cut host waits for its answer
+CONNECT_TIMEOUT = 10  # ServerPool's default: a new connection to a cut host fails after this long
+BOUND = 240  # seconds from the nodes' start to their error: interpreters and imports on 2 busy cores
+
+
+def _nodes(cluster, out, **env):
+    return [cluster.popen(h, ["bash", "-c", recipe(BLOCK)], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          env=env_for(NODE_RANK=str(i), MASTER_ADDR=cluster.hosts["trainer0"], OUT=str(out), **env))
+            for i, h in enumerate(["trainer0", "trainer1"])]
+
+
+@pytest.mark.slow
+def test_a_rollout_host_one_trainer_node_cannot_reach_is_refused_naming_it(cluster, tmp_path):
+    hosts = cluster(["trainer0", "trainer1", "rollout0"])
+    start_servers(hosts, ["rollout0"], tmp_path)
+    hosts.blackhole("trainer1", hosts.hosts["rollout0"])  # trainer1 alone loses the route
+    url = f"http://{hosts.hosts['rollout0']}:8000"
+    started = time.monotonic()
+    nodes = _nodes(hosts, tmp_path / "out", ROLLOUT_ADDR=hosts.hosts["rollout0"], RDZV_TIMEOUT="60")
+    outputs = [n.communicate(timeout=BOUND + 60)[0].decode(errors="replace") for n in nodes]
+    elapsed = time.monotonic() - started
+    print(f"both trainer nodes refused the server after {elapsed:.0f} s")
+    assert elapsed < BOUND
+    both = "\n--- node 1:\n".join(cause(o) for o in outputs)
+    assert [n.returncode != 0 for n in nodes] == [True, True], both
+    for output in outputs:  # the same error on both nodes
+        assert f"vLLM server {url} cannot be reached from trainer rank 1" in output, both
+        assert "ranks [0] reach it" in output, both
+
+
+def _wait_for(path, text: str, count: int, proc, timeout: float) -> float:
+    """Seconds until ``path`` holds ``text`` ``count`` times (fails if ``proc`` ends first)."""
+    started = time.monotonic()
+    while open(path, errors="replace").read().count(text) < count:
+        assert proc.poll() is None, f"the fit ended ({proc.returncode}) before {text!r} x{count} in {path}"
+        assert time.monotonic() - started < timeout, f"no {text!r} x{count} in {path} within {timeout} s"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_rollout_host_cut_mid_run_is_dropped_in_bounded_time_and_the_run_goes_on(cluster, tmp_path):
+    hosts = cluster(["trainer0", "rollout0", "rollout1"])
+    start_servers(hosts, ["rollout0", "rollout1"], tmp_path)
+    urls = [f"http://{hosts.hosts[h]}:8000" for h in ("rollout0", "rollout1")]
+    out, log = tmp_path / "out", tmp_path / "trainer.log"
+    node = hosts.popen("trainer0", [sys.executable, FAILOVER, "--strategy", "single", "--out", str(out), "--engine",
+                                    "server", "--server-urls", ",".join(urls)],
+                       cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                       env=env_for(REQUEST_TIMEOUT=str(REQUEST_TIMEOUT), FIT_STEPS="6"))
+    # 16 rows a step over two servers: the 12th completion rollout1 answers falls in the second step
+    _wait_for(tmp_path / "rollout1.log", '"POST /v1/completions', 12, node, BOUND)
+    hosts.set_link("rollout1", False)
+    dropped = _wait_for(log, f"vLLM server {urls[1]} dropped at global step", 1, node, BOUND)
+    print(f"rollout1 dropped {dropped:.1f} s after its link went down")
+    assert dropped < REQUEST_TIMEOUT + CONNECT_TIMEOUT + 15, "the pool waited past its timeouts for the cut host"
+    assert node.wait(timeout=BOUND) == 0, open(log, errors="replace").read()[-3000:]
+    served = json.load(open(out / "served_rank0.json"))
+    assert served["version"] == 6 and served["servers"] == 1 and served["parity"] <= 1e-3
