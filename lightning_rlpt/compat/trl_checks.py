@@ -2,6 +2,7 @@
 named with what to use instead (all of one config's problems are reported together)."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 # TRL loss_type -> loss aggregation here (TRL ``GRPOTrainer._compute_loss``'s normalisation per loss_type).
@@ -64,7 +65,18 @@ def _check_loss(cfg: dict[str, Any]) -> list[str]:
         # different computation from the one the config asks for.
         out.append(f"importance_sampling_level={level!r} with loss_type={loss!r}: use {LEVEL[loss]!r} "
                    f"({loss} here is {LEVEL[loss]}-level only)")
+    if loss == "bnpo" and cfg["gradient_accumulation_steps"] > 1:
+        _warn_bnpo_accumulation(cfg["gradient_accumulation_steps"])
     return out
+
+
+def _warn_bnpo_accumulation(accumulate: int) -> None:
+    # A warning, not a refusal: the two agree whenever the micro-batches hold equal token counts.
+    warnings.warn(f"loss_type='bnpo' with gradient_accumulation_steps={accumulate}: here bnpo divides the optimizer "
+                  f"step's loss by the rank's token count over all {accumulate} micro-batches (every token weighs the "
+                  "same); TRL divides each micro-batch by its own token count and averages the micro-batches (a token "
+                  "of a micro-batch with fewer tokens weighs more). They agree when the micro-batches hold equal token "
+                  "counts; for TRL's weighting exactly, use gradient_accumulation_steps=1.", UserWarning, stacklevel=4)
 
 
 def _check_batch(cfg: dict[str, Any]) -> list[str]:
