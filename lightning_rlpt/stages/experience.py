@@ -39,13 +39,32 @@ class MakeExperience:
         self._log_rollout(exp, failures, cut)
         exp = call_hook(self.trainer, self, "on_rollout_scored", exp)
         exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
-        if len(exp) == 0:
+        if self._any_rank_empty(len(exp)):
             return None
         self._fill_logprobs(exp)
         exp.advantages = compute_advantages(self.objective.advantage, exp.rewards, self.group_size,
                                             sum_over_ranks=partial(reduce_over_ranks, self._trainer),
                                             **self.advantage_kwargs)
         return call_hook(self.trainer, self, "on_advantages_computed", exp)
+
+    def _any_rank_empty(self, rows: int) -> bool:
+        """Whether this step is skipped: some rank's hooks left no rows (an empty batch skips the
+        step). Ranks agree first, so all skip together: one rank returning alone would leave the
+        others blocked in the log-prob and advantage collectives. When only some ranks are empty,
+        every rank warns naming them: the other ranks' rows are dropped with the step."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return rows == 0
+        counts = [0.0] * trainer.world_size
+        counts[trainer.global_rank] = float(rows)
+        counts = reduce_over_ranks(trainer, counts)  # every rank's row count
+        empty = [rank for rank, n in enumerate(counts) if n == 0]
+        if empty and len(empty) < len(counts):
+            warnings.warn(f"global step {trainer.global_step}: the hooks left rank(s) {empty} no rows, so every "
+                          "rank skips this step (the other ranks' rows are dropped too). If a filter (e.g. "
+                          "dynamic sampling) empties a rank, refill it (module.refill) or keep a minimum number "
+                          "of rows per rank", UserWarning, stacklevel=3)
+        return bool(empty)
 
     def rollout_and_score(self, batch: dict[str, list[Any]], seed: int) -> tuple[Experience, dict[str, int], int]:
         """Sample G completions per prompt, run ``on_rollout_end``, score them: the experience,
