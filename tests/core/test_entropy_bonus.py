@@ -108,8 +108,11 @@ def test_a_fit_logs_the_coefficient_once_per_step_whatever_the_micro_batches(war
     module = _module(warm_start_dir, entropy_coef=0.3, micro_batch_size=2)
     trainer = quiet_trainer(max_steps=1)
     trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=2))  # 8 rows: 4 micro-batches
-    assert trainer.callback_metrics["entropy_coef"].item() == pytest.approx(0.3)
-    assert "policy_loss" in trainer.callback_metrics
+    logged = {k: v.item() for k, v in trainer.callback_metrics.items()}
+    assert logged["entropy_coef"] == pytest.approx(0.3)
+    # the micro-batches' shares add up to the step's: loss = policy_loss - c * mean token entropy
+    assert logged["entropy"] > 0.1
+    assert logged["loss"] == pytest.approx(logged["policy_loss"] - 0.3 * logged["entropy"], rel=1e-5, abs=1e-6)
 
 
 def test_off_by_default_and_no_metric(warm_start_dir, arithmetic_rows):
