@@ -6,7 +6,6 @@ from typing import Any
 
 import torch
 
-from lightning_rlpt.algorithms.advantages import compute_advantages
 from lightning_rlpt.algorithms.numerics import safe_ratio
 from lightning_rlpt.hooks import RLCallback
 from lightning_rlpt.model.distributed import reduce_over_ranks
@@ -14,8 +13,10 @@ from lightning_rlpt.model.distributed import reduce_over_ranks
 from ._common import log_metrics, require, trained_rows
 
 RULES = ("sqrt", "linear")
-BASELINES = (None, "min_variance")
-GRAD_NORM_PROXIES = ("none", "length")
+# Where the min-variance baseline lives now: the module's estimator, which sees the IS weights itself.
+MOVED_BASELINE = ("ESSScaledLR no longer replaces the advantages (baseline={baseline!r}, grad_norm_proxy={proxy!r}): "
+                  "select VCPO's baseline as the module's estimator instead, RLModule(advantage="
+                  "'min_variance_offpolicy'{kwargs}), and build ESSScaledLR without baseline/grad_norm_proxy")
 
 
 class ESSScaledLR(RLCallback):
@@ -36,11 +37,12 @@ class ESSScaledLR(RLCallback):
     trains on count (``module.loss_mask``): a row without any (a truncated row under
     ``mask_truncated_completions``) is not one of the B sequences, nor in the baseline.
 
-    ``baseline="min_variance"`` also replaces the advantages (``on_advantages_computed``) with
-    VCPO's minimum-variance off-policy baseline, ``A = R − Σ W R/Σ W``, ``W = ‖g‖²·w²``
-    (``lightning_rlpt.algorithms.advantages.min_variance`` derives it; ``grad_norm_proxy`` picks ‖g‖²: 1 or
-    the response length). Pair it with a sequence-level correction, e.g.
-    ``RLModule(rollout_correction="seq_tis", rollout_correction_cap=8)``, so w enters once.
+    VCPO's minimum-variance off-policy baseline is an advantage estimator, not this callback's:
+    ``RLModule(advantage="min_variance_offpolicy")`` (``advantage_kwargs={"grad_norm_proxy":
+    "length"}`` for ‖g‖² ∝ length; ``lightning_rlpt.algorithms.advantages.min_variance`` derives
+    it), paired with a sequence-level correction such as ``rollout_correction="seq_tis"``. The
+    callback's former ``baseline="min_variance"`` (which overwrote the advantages after the fact)
+    is refused, naming that replacement.
 
     Needs behaviour log-probs from the engine: it asks the module's HF engine for them
     (``module.request(rollout_logprobs=True)``); vLLM always reports them.
@@ -51,8 +53,7 @@ class ESSScaledLR(RLCallback):
         truncation: cap of the truncated weight copy ``min(w, truncation)`` (8.0).
         use_truncated: compute the ESS from the truncated copy (default False: untruncated).
         tolerance: relative slack on ``ρ_base`` below which scaling starts (1e-6).
-        baseline: None or ``min_variance``.
-        grad_norm_proxy: ``none`` or ``length`` (the min-variance baseline's ‖g_i‖²).
+        baseline / grad_norm_proxy: removed (None / ``none`` only); see above.
 
     Logs ``ess/ratio`` (ρ), ``ess/lr_scale`` (the factor applied to the LR),
     ``ess/weight_mean`` and ``ess/weight_max`` (untruncated), ``ess/truncated_weight_mean``.
@@ -74,10 +75,11 @@ class ESSScaledLR(RLCallback):
         require(0 < rho_base <= 1, f"rho_base must be in (0, 1] (got {rho_base})")
         require(truncation > 0, f"truncation must be > 0 (got {truncation})")
         require(0 <= tolerance < 1, f"tolerance must be in [0, 1) (got {tolerance})")
-        require(baseline in BASELINES, f"baseline must be one of {BASELINES} (got {baseline!r})")
-        require(grad_norm_proxy in GRAD_NORM_PROXIES, f"grad_norm_proxy must be one of {GRAD_NORM_PROXIES} (got {grad_norm_proxy!r})")
+        kwargs = ", advantage_kwargs={'grad_norm_proxy': 'length'}" if grad_norm_proxy == "length" else ""
+        require(baseline is None and grad_norm_proxy == "none",
+                MOVED_BASELINE.format(baseline=baseline, proxy=grad_norm_proxy, kwargs=kwargs))
         self.rule, self.rho_base, self.truncation, self.use_truncated = rule, rho_base, truncation, use_truncated
-        self.tolerance, self.baseline, self.grad_norm_proxy = tolerance, baseline, grad_norm_proxy
+        self.tolerance = tolerance
         self._factor: float | None = None  # for the coming optimizer step
         self._base_lrs: list[float] | None = None  # while the scaled LR is in place
 
@@ -112,17 +114,6 @@ class ESSScaledLR(RLCallback):
                              f"{type(engine).__name__} does not report them: build it with return_logprobs=True, "
                              "leave the module's own engine (RLModule(..., rollout_logprobs=True)), or roll out with "
                              "VLLMRollout")
-
-    def on_advantages_computed(self, trainer, module, experience):
-        if self.baseline is None:
-            return
-        mask = module.loss_mask(experience)
-        # a row the loss does not train on has no gradient: W = ‖g‖²·w² = 0 keeps it out of the baseline
-        w = self.sequence_weights(self._old(experience), self._behaviour(experience), mask).float()
-        w = w * trained_rows(mask).float()
-        lengths = mask.sum(-1) if self.grad_norm_proxy == "length" else None
-        experience.advantages = compute_advantages("min_variance_offpolicy", experience.rewards, experience.group_size,
-                                                   is_weights=w, grad_sq_norms=lengths)
 
     def on_before_loss(self, trainer, module, minibatch):
         self._restore(trainer)

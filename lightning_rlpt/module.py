@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
+from .algorithms.advantages import estimator_requests
 from .algorithms.correction import check_mode
 from .algorithms.entropy_bonus import check_entropy_coef
 from .algorithms.entropy_mask import check_top_entropy_quantile
@@ -244,6 +245,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         # The surface callbacks move and ask through (see hooks.py): knobs and requests.
         self.knobs = Knobs(self.objective.kl_coef, self.objective.clip_low, self.objective.clip_high)
         self.requests = Requests(rollout_logprobs=rollout_logprobs or self.objective.self_correcting)
+        self.requests.ask(**estimator_requests(self.objective.advantage))  # the log-probs its `needs` take
         self.advantage_kwargs = dict(advantage_kwargs or {})
         self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
         self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error, timeout=reward_timeout,

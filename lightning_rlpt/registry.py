@@ -53,6 +53,11 @@ class Registry(Generic[F]):
 
         return add
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a test's or a notebook's own member, so it can be registered again)."""
+        self._known(name)
+        del self._table[name], self._traits[name]
+
     def get(self, name: str) -> F:
         self._known(name)
         return self._table[name]
@@ -91,7 +96,8 @@ class Registry(Generic[F]):
         for key in given:
             if key in supplied:
                 raise ValueError(f"{argument}[{key!r}]: the module passes {key!r} to every {self.kind} itself; "
-                                 f"drop it from {argument} (clip ranges are RLModule arguments)")
+                                 f"drop it from {argument} (the module fills it from its own arguments and "
+                                 "state, e.g. a loss's clip ranges from RLModule(clip_low=..., clip_high=...))")
             if key not in defaults:
                 close = difflib.get_close_matches(str(key), own, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""

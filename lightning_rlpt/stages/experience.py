@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..algorithms.advantages import compute_advantages
+from ..algorithms.advantages import compute_advantages, estimator_fields
 from ..algorithms.correction import mismatch_metrics
 from ..batching import logprobs_in_chunks, span_mask
 from ..experience import Experience
@@ -42,9 +42,10 @@ class MakeExperience:
         if self._any_rank_empty(len(exp)):
             return None
         self._fill_logprobs(exp)
-        exp.advantages = compute_advantages(self.objective.advantage, exp.rewards, self.group_size,
+        name = self.objective.advantage  # with the record's fields it `needs` beyond rewards, from exp
+        exp.advantages = compute_advantages(name, exp.rewards, self.group_size,
                                             sum_over_ranks=partial(reduce_over_ranks, self._trainer),
-                                            **self.advantage_kwargs)
+                                            **estimator_fields(name, exp, self.loss_mask), **self.advantage_kwargs)
         return call_hook(self.trainer, self, "on_advantages_computed", exp)
 
     def _any_rank_empty(self, rows: int) -> bool:

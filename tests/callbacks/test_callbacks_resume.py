@@ -21,7 +21,8 @@ CASES = {
     "curriculum_sampler": (lambda: [CurriculumSampler(weighting="gaussian", epoch_size=8, dynamic_filtering=True,
                                                       max_refill_rounds=1)], {}, {}),
     "curriculum_loss_weights": (lambda: [CurriculumSampler(weighting="sqrt_variance", use_as="loss")], {}, {}),
-    "ess_scaled_lr": (lambda: [ESSScaledLR(baseline="min_variance")], {"engine": "off_policy"}, {}),
+    # VCPO's pair: the LR scaled by the ESS, the min-variance baseline as the module's estimator
+    "ess_scaled_lr": (lambda: [ESSScaledLR()], {"engine": "off_policy", "advantage": "min_variance_offpolicy"}, {}),
     "reward_dithering": (lambda: [RewardDithering(scale=0.1, decay="linear", decay_steps=4)], {}, {}),
 }
 

@@ -48,3 +48,14 @@ def test_min_variance_baseline_by_hand():
     got = compute_advantages("min_variance_offpolicy", r.view(-1), 4, is_weights=w, grad_sq_norms=g)
     assert got.tolist() == pytest.approx([1 - b, -b, 1 - b, -b])
     assert compute_advantages("min_variance_offpolicy", r.view(-1), 4).tolist() == pytest.approx([0.5, -0.5, 0.5, -0.5])
+
+
+def test_the_former_baseline_option_is_refused_naming_the_estimator():
+    # ESSScaledLR no longer overwrites the advantages: ignoring baseline= would silently train with another one
+    with pytest.raises(ValueError, match=r"no longer replaces the advantages.*RLModule\(advantage="
+                                         r"'min_variance_offpolicy'\)"):
+        ESSScaledLR(baseline="min_variance")
+    with pytest.raises(ValueError, match=r"advantage_kwargs=\{'grad_norm_proxy': 'length'\}"):
+        ESSScaledLR(baseline="min_variance", grad_norm_proxy="length")
+    assert not hasattr(ESSScaledLR, "on_advantages_computed") or \
+        ESSScaledLR.on_advantages_computed is ESSScaledLR.__mro__[1].on_advantages_computed

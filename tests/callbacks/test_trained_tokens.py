@@ -13,6 +13,7 @@ import torch
 
 from callback_helpers import make_module
 from lightning_rlpt import Experience
+from lightning_rlpt.algorithms.advantages import compute_advantages, estimator_fields
 from lightning_rlpt.callbacks import BAPO, EntropyGatedKL, ESSScaledLR, ResponseWeightedKL
 
 LENGTHS = [4, 3, 4, 2]  # completion tokens per row; row 2 hit max_new_tokens without EOS
@@ -69,13 +70,15 @@ def test_ess_counts_the_trained_sequences_only(module):
     exp = experience()
     exp.old_logprobs = torch.zeros(4, 4)
     exp.behaviour_logprobs = -torch.tensor([0.3, -0.2, 2.0, 0.1]).unsqueeze(-1).expand(4, 4).contiguous()
-    ess = ESSScaledLR(rule="linear", baseline="min_variance")
+    ess = ESSScaledLR(rule="linear")
     ess.on_before_loss(ONE_RANK, module, exp)
     w = [math.exp(sum(-exp.behaviour_logprobs[i, t].item() for t in range(LENGTHS[i]))) for i in TRAINED]
     rho = sum(w) ** 2 / (sum(x * x for x in w) + 1e-8) / len(w)
     assert rho < 1 and ess._factor == pytest.approx(rho, rel=1e-9)  # linear rule: the LR factor is ρ itself
-    # The min-variance baseline A = R − Σ W R / Σ W, W = w² (grad_norm_proxy "none"), over the trained rows.
-    ess.on_advantages_computed(ONE_RANK, module, exp)
+    # The min-variance baseline A = R − Σ W R / Σ W, W = w² (grad_norm_proxy "none"), over the trained rows:
+    # now the estimator's, fed by the module (`estimator_fields` with its loss mask), no longer ESSScaledLR's.
+    name = "min_variance_offpolicy"
+    exp.advantages = compute_advantages(name, exp.rewards, 4, **estimator_fields(name, exp, module.loss_mask))
     baseline = sum(x * x * exp.rewards[i].item() for x, i in zip(w, TRAINED)) / (sum(x * x for x in w) + 1e-8)
     got = exp.advantages[TRAINED].tolist()
     assert got == pytest.approx([exp.rewards[i].item() - baseline for i in TRAINED], rel=1e-5)

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from .base import ADVANTAGE_ESTIMATORS
+from .inputs import AdvantageInputs
 
 SumOverRanks = Callable[[Sequence[float]], list[float]]
 
@@ -30,7 +31,7 @@ def batch_std(values: torch.Tensor, unbiased: bool, sum_over_ranks: SumOverRanks
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo_batch_std", group_relative=True)
-def grpo_batch_std_advantage(rewards: torch.Tensor, *, eps: float = 1e-6, std_unbiased: bool = True,
+def grpo_batch_std_advantage(inputs: AdvantageInputs, *, eps: float = 1e-6, std_unbiased: bool = True,
                              sum_over_ranks: SumOverRanks | None = None, **_: object) -> torch.Tensor:
     """``A = (r - mean_g) / (std_B + eps)``: the group's mean, the whole batch's std.
 
@@ -46,5 +47,6 @@ def grpo_batch_std_advantage(rewards: torch.Tensor, *, eps: float = 1e-6, std_un
         sum_over_ranks: supplied by the module (never an ``advantage_kwargs`` key): sums a list
             of floats over the data-parallel ranks. None: the batch is this process's.
     """
+    rewards = inputs.rewards
     std = batch_std(rewards, std_unbiased, sum_over_ranks)
     return (rewards - rewards.mean(dim=1, keepdim=True)) / (std + eps)

@@ -1,5 +1,5 @@
 """More advantage estimators: REINFORCE++ (batch-normalised), QAE (quantile baseline) and the
-analytic Pass@k advantage. Signature in `base`: ``fn(rewards [groups, G]) -> [groups, G]``.
+analytic Pass@k advantage. Signature in `base`: ``fn(inputs) -> [groups, G]``, rewards only.
 """
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import torch
 
 from .base import ADVANTAGE_ESTIMATORS
+from .inputs import AdvantageInputs
 
 PASSK_DEFAULT_K = 4
 QUANTILE_METHODS = ("inverted_cdf", "linear", "lower", "higher", "midpoint", "nearest")
@@ -20,7 +21,7 @@ def _check_reinforce_pp(group_size: int, options: dict) -> None:
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp", check=_check_reinforce_pp)
-def reinforce_pp_advantage(rewards: torch.Tensor, *, group_baseline: bool = False, eps: float = 1e-6,
+def reinforce_pp_advantage(inputs: AdvantageInputs, *, group_baseline: bool = False, eps: float = 1e-6,
                            std_unbiased: bool = True, **_: object) -> torch.Tensor:
     """REINFORCE++: ``A = (r - mean_B) / (std_B + eps)`` over the whole batch B.
 
@@ -30,6 +31,7 @@ def reinforce_pp_advantage(rewards: torch.Tensor, *, group_baseline: bool = Fals
     normalises by the batch statistics. The batch is this rank's rollout: an estimator is a
     pure function, so with several data-parallel ranks each normalises its own share.
     """
+    rewards = inputs.rewards
     adv = rewards - rewards.mean(dim=1, keepdim=True) if group_baseline else rewards
     flat = adv.reshape(-1)
     if flat.numel() < 2:
@@ -55,7 +57,7 @@ def group_quantile(rewards: torch.Tensor, quantile: float, method: str) -> torch
 
 @ADVANTAGE_ESTIMATORS.register("qae", group_relative=True,
                                check=lambda group_size, options: check_quantile(options["quantile"]))
-def qae_advantage(rewards: torch.Tensor, *, quantile: float = 0.4, method: str = "inverted_cdf",
+def qae_advantage(inputs: AdvantageInputs, *, quantile: float = 0.4, method: str = "inverted_cdf",
                   scale_by_std: bool = True, eps: float = 1e-6, std_unbiased: bool = True,
                   **_: object) -> torch.Tensor:
     """QAE: ``A = (r - Q_K(r_group)) / (std_g + eps)``, the group mean replaced by the K-quantile.
@@ -68,6 +70,7 @@ def qae_advantage(rewards: torch.Tensor, *, quantile: float = 0.4, method: str =
     whether GRPO's std scaling is kept (``scale_by_std=True``, the "replace only the mean"
     reading of the paper).
     """
+    rewards = inputs.rewards
     check_quantile(quantile)
     adv = rewards - group_quantile(rewards, quantile, method)
     if scale_by_std:
@@ -93,7 +96,7 @@ def _check_passk(group_size: int, options: dict) -> None:
 
 
 @ADVANTAGE_ESTIMATORS.register("passk", group_relative=True, check=_check_passk)
-def passk_advantage(rewards: torch.Tensor, *, k: int = PASSK_DEFAULT_K, success_threshold: float | None = None,
+def passk_advantage(inputs: AdvantageInputs, *, k: int = PASSK_DEFAULT_K, success_threshold: float | None = None,
                     eps: float = 1e-6, **_: object) -> torch.Tensor:
     """Pass@k training: the analytic advantage of each response under the pass@k group reward.
 
@@ -115,6 +118,7 @@ def passk_advantage(rewards: torch.Tensor, *, k: int = PASSK_DEFAULT_K, success_
         k: the k of pass@k (default 4).
         success_threshold: count ``r ≥ threshold`` as a success; None requires 0/1 rewards.
     """
+    rewards = inputs.rewards
     n = rewards.shape[1]
     if not 1 <= k <= n:
         raise ValueError(f"passk needs 1 <= k <= group size (got k={k}, group size {n}); lower k in "
