@@ -7,6 +7,10 @@ TRL lets these override its own generation settings. Here a key that `SamplingCo
 has, or that the rollout sets itself because the learner depends on it (one completion per row
 from the row's own seed, the EOS stop, the behaviour log-probs), is refused with the setting to
 use instead: overriding it would silently break what the learner assumes about its samples.
+Each engine then checks the rest against what it really passes on (`check_hf_kwargs`,
+`check_server_kwargs`; vLLM's own ``SamplingParams`` refuses a name it lacks): a key the engine
+would ignore is refused too, since a setting recorded as changing the distribution that changes
+nothing is as wrong as one that breaks it.
 """
 from __future__ import annotations
 
@@ -20,6 +24,11 @@ _SEARCH = ("the rollout samples each row from its own seed; beam or contrastive 
 _LOGPROBS = "use RLModule(rollout_logprobs=True): the engines report the sampled tokens' log-probs themselves"
 _STOP = ("completions stop at the tokenizer's EOS; a stop string or id cuts completions where the learner "
          "and the reward functions do not expect it")
+
+_PROMPT = ("the learner scores the whole prompt, so a prompt the engine cuts gives behaviour log-probs of another "
+           "context (importance ratios and VESPO's weight silently wrong); use SamplingConfig.max_prompt_length "
+           "with prompt_truncation")
+_PARSE = "the rollout reads one whole completion per request, its tokens and their log-probs: this changes that"
 
 # Refused key -> why, and what to use instead ("{key}" is filled in).
 RESERVED: dict[str, str] = {
@@ -36,6 +45,14 @@ RESERVED: dict[str, str] = {
     "inputs": _ENGINE, "prompt": _ENGINE, "streamer": _ENGINE, "stopping_criteria": _STOP,
     "eos_token_id": _STOP, "pad_token_id": _ENGINE, "stop": _STOP, "stop_strings": _STOP, "stop_token_ids": _STOP,
     "return_token_ids": _ENGINE, "detokenize": _ENGINE,
+    # vLLM's: each makes the engine's output differ from what the learner scores or parses
+    "ignore_eos": ("completions end at the tokenizer's EOS (ignore_eos samples past it); to delay the EOS use "
+                   "min_tokens (vLLM) or min_new_tokens (transformers)"),
+    "truncate_prompt_tokens": _PROMPT, "truncation_side": _PROMPT, "prompt_embeds": _ENGINE,
+    "echo": _PARSE, "stream": _PARSE, "stream_options": _PARSE, "output_kind": _PARSE,
+    "model": "the server pool names the served model itself: another name samples from weights that are not the policy's",
+    "logprob_token_ids": _LOGPROBS, "prompt_logprob_token_ids": _LOGPROBS, "prompt_logprob_start": _LOGPROBS,
+    "flat_logprobs": _LOGPROBS, "repetition_detection": _STOP,
 }
 
 # Keys that do not change which tokens are drawn (everything else is assumed to).
@@ -63,6 +80,85 @@ def check_generation_kwargs(kwargs: Any) -> None:
     for key in kwargs:
         if key in RESERVED:
             raise ValueError(f"generation_kwargs may not set {key!r}: {RESERVED[key].format(key=key)}")
+
+
+# ---------------------------------------------------------------- per engine
+# transformers.generate settings that act when decoding greedily over the HF engine's own per-row
+# sampler (transformers' ``_get_logits_processor`` builds them whatever ``do_sample`` is), and ones
+# that change how, not what, it computes.
+HF_ALLOWED = ("no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "sequence_bias", "suppress_tokens",
+              "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty",
+              "renormalize_logits", "remove_invalid_values", *NEUTRAL, "cache_config", "compile_config",
+              "disable_compile", "output_attentions", "output_hidden_states")
+_WARPER = ("transformers applies it only with do_sample=True, and the HF engine draws with its own per-row sampler "
+           "(do_sample=False): it would change nothing; use SamplingConfig's top_p, top_k or min_p")
+_ASSISTED = ("assisted (speculative) decoding drafts tokens outside the engine's per-row sampler, so rows lose their "
+             "own seeds; for speculative decoding use a vLLM engine")
+_BEAM = "it acts only in beam or contrastive search, which the rollout never runs (it samples): it would change nothing"
+HF_REFUSED: dict[str, str] = {
+    **{k: _WARPER for k in ("typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")},
+    **{k: _ASSISTED for k in ("prompt_lookup_num_tokens", "max_matching_ngram_size", "num_assistant_tokens",
+                              "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_early_exit",
+                              "assistant_lookbehind", "target_lookbehind", "assistant_ensemble_weight", "is_assistant",
+                              "speculation_type", "use_mtp")},
+    **{k: _BEAM for k in ("length_penalty", "early_stopping", "diversity_penalty", "constraints", "force_words_ids",
+                          "low_memory")},
+    "dola_layers": "DoLa contrasts the last layer with earlier ones: tokens would not come from the policy the loss assumes",
+    "max_time": ("a wall-clock limit makes completions depend on the machine's speed (a resumed run would not sample "
+                 "the same); use SamplingConfig.max_new_tokens"),
+    "min_length": ("it counts the batch's padded prompt length, so a row's completion would depend on its batch; "
+                   "use min_new_tokens"),
+    "token_healing": _PROMPT,
+}
+# Fields of vLLM's completions request (vLLM 0.32 ``CompletionRequest``) the server rollout passes on;
+# the server accepts any other name and ignores it, so the rest are refused.
+SERVER_ALLOWED = ("frequency_penalty", "presence_penalty", "logit_bias", "allowed_token_ids", "bad_words", "min_tokens",
+                  "watermarking", "structured_outputs", "response_format", "thinking_token_budget",
+                  "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "priority",
+                  "user", "cache_salt", "vllm_xargs", "return_tokens_as_token_ids")
+
+
+def check_hf_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``kwargs`` for ``transformers.generate`` on the HF engine, refused unless each acts there.
+
+    Args:
+        kwargs: ``SamplingConfig.generation_kwargs`` (already past `check_generation_kwargs`).
+
+    Returns:
+        A copy, to pass to ``generate``.
+    """
+    from transformers import GenerationConfig
+
+    extra, known = dict(kwargs or {}), GenerationConfig()
+    unknown = sorted(k for k in extra if not hasattr(known, k))
+    if unknown:
+        raise ValueError(f"generation_kwargs {unknown} are not transformers.GenerationConfig settings, which the HF "
+                         "engine passes them to (vLLM's SamplingParams names, e.g. 'bad_words' or 'min_tokens', need "
+                         "a vLLM engine; transformers has 'bad_words_ids' and 'min_new_tokens')")
+    for key in extra:
+        if key in HF_REFUSED:
+            raise ValueError(f"generation_kwargs may not set {key!r} on the HF engine: {HF_REFUSED[key]}")
+        if key not in HF_ALLOWED:
+            raise ValueError(f"generation_kwargs may not set {key!r} on the HF engine: it decodes greedily over its own "
+                             f"per-row sampler, where only these act: {', '.join(HF_ALLOWED)}")
+    return extra
+
+
+def check_server_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``kwargs`` for a vLLM server's completions request, refused unless the rollout passes them on.
+
+    Args:
+        kwargs: ``SamplingConfig.generation_kwargs`` (already past `check_generation_kwargs`).
+
+    Returns:
+        A copy, to add to each request.
+    """
+    extra = dict(kwargs or {})
+    for key in extra:
+        if key not in SERVER_ALLOWED:
+            raise ValueError(f"generation_kwargs may not set {key!r} on a vLLM server: the server would ignore an "
+                             f"unknown field silently, so the rollout passes only these: {', '.join(SERVER_ALLOWED)}")
+    return extra
 
 
 def changed_by(kwargs: dict[str, Any] | None) -> list[str]:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, MinPLogitsWarper,
+from transformers import (LogitsProcessor, LogitsProcessorList, MinPLogitsWarper,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from ..model.distributed import is_sharded, world_size
 from ..padding import left_pad
 from .engine import RolloutEngine, RolloutOutput, WeightSource, cut_at_eos
+from .generation_kwargs import check_hf_kwargs
 from .row_sampling import RowSampler, request_seeds
 from .sampling import SamplingConfig
 
@@ -139,16 +140,4 @@ def _sampling_kwargs(sampling: SamplingConfig, attention_mask: torch.Tensor, sam
             processors.append(MinPLogitsWarper(sampling.min_p))
     return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "min_p": None,
             "repetition_penalty": 1.0, "logits_processor": LogitsProcessorList([*processors, sampler]),
-            **_generation_kwargs(sampling)}
-
-
-def _generation_kwargs(sampling: SamplingConfig) -> dict:
-    """``sampling.generation_kwargs``, each a ``transformers.GenerationConfig`` setting (else refused
-    before generating: generate would only name it as an unused model argument)."""
-    extra = dict(sampling.generation_kwargs or {})
-    unknown = sorted(k for k in extra if not hasattr(GenerationConfig(), k))
-    if unknown:
-        raise ValueError(f"generation_kwargs {unknown} are not transformers.GenerationConfig settings, which the HF "
-                         "engine passes them to (vLLM's SamplingParams names, e.g. 'bad_words' or 'min_tokens', need "
-                         "a vLLM engine; transformers has 'bad_words_ids' and 'min_new_tokens')")
-    return extra
+            **check_hf_kwargs(sampling.generation_kwargs)}

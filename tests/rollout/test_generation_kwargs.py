@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 import tiny_task as task
 from lightning_rlpt import RLModule
 from lightning_rlpt.rollout import HFGenerateEngine, SamplingConfig
+from lightning_rlpt.rollout.generation_kwargs import check_hf_kwargs, check_server_kwargs
 
 PROMPTS = ["12+34=", "5+6=", "7=", "99+1=", "3+3=", "45+45="]
 LOW_DIGITS = [task.SYMBOLS.index(d) + len(task.SPECIALS) for d in "01234"]
@@ -45,6 +46,38 @@ def test_a_key_transformers_does_not_know_is_refused_before_generating(engine):
         _completions(engine, generation_kwargs={"min_tokens": 2})
 
 
+def test_the_hf_engine_refuses_a_warper_it_would_ignore_before_generating(engine):
+    """transformers builds typical_p's warper only with do_sample=True; the engine decodes with
+    do_sample=False over its own sampler, so the key would be recorded as a change and change nothing."""
+    with pytest.raises(ValueError, match=r"may not set 'typical_p' on the HF engine: transformers applies it only "
+                                         r"with do_sample=True.*use SamplingConfig's top_p, top_k or min_p"):
+        _completions(engine, generation_kwargs={"typical_p": 0.5})
+
+
+@pytest.mark.parametrize("key, why", [
+    ("epsilon_cutoff", r"only with do_sample=True"),
+    ("prompt_lookup_num_tokens", r"assisted \(speculative\) decoding drafts tokens outside the engine's per-row "
+                                 r"sampler.*use a vLLM engine"),
+    ("max_time", r"wall-clock limit.*use SamplingConfig.max_new_tokens"),
+    ("min_length", r"padded prompt length.*use min_new_tokens"),
+    ("length_penalty", r"only in beam or contrastive search"),
+    ("guidance_scale", r"only these act: no_repeat_ngram_size, bad_words_ids"),
+])
+def test_the_hf_engine_refuses_settings_that_do_nothing_or_break_row_seeds(key, why):
+    with pytest.raises(ValueError, match=rf"may not set '{key}' on the HF engine: .*{why}"):
+        check_hf_kwargs({key: 1})
+    assert check_hf_kwargs({"no_repeat_ngram_size": 2, "min_new_tokens": 1}) == {"no_repeat_ngram_size": 2,
+                                                                                 "min_new_tokens": 1}
+
+
+def test_the_server_engine_passes_only_fields_vllm_reads():
+    """A vLLM server accepts an unknown request field and ignores it: such a key is refused."""
+    assert check_server_kwargs({"bad_words": ["7"], "min_tokens": 2}) == {"bad_words": ["7"], "min_tokens": 2}
+    with pytest.raises(ValueError, match=r"may not set 'typical_p' on a vLLM server: the server would ignore an "
+                                         r"unknown field silently.*frequency_penalty"):
+        check_server_kwargs({"typical_p": 0.5})
+
+
 @pytest.mark.parametrize("key, use", [
     ("temperature", r"use SamplingConfig's own field \(generation=dict\(temperature=...\)\)"),
     ("max_tokens", r"use SamplingConfig.max_new_tokens"),
@@ -55,6 +88,11 @@ def test_a_key_transformers_does_not_know_is_refused_before_generating(engine):
     ("logprobs", r"use RLModule\(rollout_logprobs=True\)"),
     ("do_sample", r"use SamplingConfig.temperature"),
     ("stop", r"completions stop at the tokenizer's EOS"),
+    ("truncate_prompt_tokens", r"the learner scores the whole prompt.*use SamplingConfig.max_prompt_length"),
+    ("ignore_eos", r"completions end at the tokenizer's EOS \(ignore_eos samples past it\).*min_tokens"),
+    ("echo", r"the rollout reads one whole completion per request"),
+    ("stream", r"the rollout reads one whole completion per request"),
+    ("model", r"the server pool names the served model itself"),
 ])
 def test_reserved_keys_are_refused_naming_what_to_use(key, use):
     with pytest.raises(ValueError, match=rf"generation_kwargs may not set '{key}': {use}"):

@@ -40,6 +40,7 @@ from typing import Any, Iterable
 import torch
 
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
+from ..generation_kwargs import check_server_kwargs
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
 from .client import ServerFailure, ServerPool
@@ -210,7 +211,7 @@ class RemoteVLLMEngine(RolloutEngine):
                       repetition_penalty=sampling.repetition_penalty, logprobs=0, return_token_ids=True,
                       stop=[s for s in stop if isinstance(s, str)] or None,
                       stop_token_ids=[self.eos_token_id] + [s for s in stop if isinstance(s, int)],
-                      **(sampling.generation_kwargs or {}))  # vLLM's extra sampling fields of a completions request
+                      **check_server_kwargs(sampling.generation_kwargs))  # fields the server would not ignore
         results = self.pool.complete([dict(prompt=list(p), seed=s, **common) for p, s in zip(prompt_ids, seeds)])
         return RolloutOutput([ids for ids, _ in results], [lps for _, lps in results])
 
