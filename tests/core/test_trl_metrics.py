@@ -110,6 +110,51 @@ def test_fit_logs_trl_metrics_with_trl_meanings(warm_start_dir, arithmetic_rows,
     assert [value(r, "reward_std/group_mean") for r in rows] == pytest.approx(groups, abs=1e-6)
 
 
+class _DesignedRatios(RLCallback):
+    """Sets each mini-batch's old log-probs so that π/π_old is 0.5 (rollout 1, advantages -1:
+    low-clipped) or 1.5 (rollout 2, advantages +1: high-clipped) on each row's first trained token
+    and 1 elsewhere (row 0: on all its trained tokens), and records what TRL's formulas give."""
+
+    def __init__(self):
+        self.expected = []
+
+    def on_before_loss(self, trainer, module, minibatch):
+        low = not self.expected
+        with torch.no_grad():
+            logp = module._logprobs(module.policy, minibatch)[0].float()
+        mask = module.loss_mask(minibatch)
+        chosen = ((mask.cumsum(-1) == 1) & (mask > 0)).float()
+        chosen[0] = mask[0]
+        minibatch.advantages = torch.full((len(minibatch),), -1.0 if low else 1.0)
+        minibatch.old_logprobs = logp - math.log(0.5 if low else 1.5) * chosen
+        per_seq = chosen.sum(-1) / mask.sum(-1)  # NaN for a row without a trained token, which TRL skips
+        clipped = per_seq[~per_seq.isnan()]
+        self.expected.append({"low": low, "extreme": (clipped.min() if low else clipped.max()).item(),
+                              "mean": (chosen.sum() / mask.sum()).item()})
+        return minibatch
+
+
+def test_clip_extremes_are_exact_on_a_fit_that_clips(warm_start_dir, arithmetic_rows, tmp_path):
+    """Through the module's path (micro-batches folded by min / max, then the rank reduction):
+    rollout 1 low-clips every row (low_min = the smallest 1 / trained tokens), rollout 2
+    high-clips row 0 entirely (high_max = 1) and nothing low (low_min = 0)."""
+    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, lr=1e-4, kl_coef=0.0,
+                      micro_batch_size=3, generation=dict(max_new_tokens=4, max_prompt_length=8))
+    designed = _DesignedRatios()
+    trainer = quiet_trainer(max_steps=2, logger=CSVLogger(tmp_path, name="", version=""), callbacks=[designed])
+    trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=2))
+    rows = _rows(tmp_path / "metrics.csv")
+    assert len(rows) == len(designed.expected) == 2
+    (low_row, high_row), (low, high) = rows, designed.expected
+    assert 0 < low["extreme"] < 1 and high["extreme"] == 1.0
+    assert float(low_row["clip_ratio/low_min"]) == pytest.approx(low["extreme"], abs=1e-6)
+    assert float(low_row["clip_ratio/low_mean"]) == pytest.approx(low["mean"], abs=1e-6)
+    assert float(low_row["clip_ratio/high_max"]) == 0.0
+    assert float(high_row["clip_ratio/high_max"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(high_row["clip_ratio/high_mean"]) == pytest.approx(high["mean"], abs=1e-6)
+    assert float(high_row["clip_ratio/low_min"]) == 0.0
+
+
 def test_num_tokens_continues_across_a_resume(warm_start_dir, arithmetic_rows, tmp_path):
     def make_module():
         return RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4,
