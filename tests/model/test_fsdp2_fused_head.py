@@ -31,7 +31,7 @@ def _assert_matches_plain(result: dict, fused: bool) -> None:
                            ("entropies", entropy, ref_entropy)):
             assert torch.allclose(a, b, atol=ATOL, rtol=0), f"rank {rank} {name}: {(a - b).abs().max()}"
     grads, ref = result["grads"], result["ref_grads"]
-    assert grads.keys() == ref.keys() and len(grads) > 20
+    assert grads.keys() == ref.keys() and len(grads) >= 10
     for name in ref:
         assert ref[name].abs().max() > 0, f"{name}: zero reference gradient, the check would be vacuous"
         assert grads[name] is not None, f"{name}: no gradient reached the sharded parameter"
@@ -48,9 +48,10 @@ def test_tied_fused_head_under_fsdp2_equals_plain_path(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flags", [("--model", "llama"), ("--model", "llama", "--padding-free"),
-                                   ("--model", "qwen2", "--plain")],
-                         ids=["untied", "untied-padding-free", "tied-plain-head"])
+                                   ("--model", "qwen2", "--plain"), ("--model", "llama", "--lora")],
+                         ids=["untied", "untied-padding-free", "tied-plain-head", "lora"])
 def test_sharded_head_equals_plain_path(flags, tmp_path):
-    """An untied Llama (the head a parameter of its own), padded and packed; and the full-logits
-    head under FSDP2 (``use_fused_kernel=False``), which runs the same body under the root's hooks."""
+    """An untied Llama (the head a parameter of its own), padded and packed; the full-logits head
+    under FSDP2 (``use_fused_kernel=False``), which runs the same body under the root's hooks; and
+    a LoRA on the attention and the head (the fused op on ``W + s·B·A``, gradients to A and B)."""
     _assert_matches_plain(_run(tmp_path, *flags), fused="--plain" not in flags)

@@ -2,29 +2,27 @@
 unsharded copy on the plain path. Run as its own script (it spawns the two ranks itself):
 
     python tests/scripts/fsdp2_fused_head.py --out DIR [--model llama|qwen2] [--padding-free]
-           [--plain]
+           [--plain] [--lora]
 
 Each rank scores its own rows: first under ``torch.no_grad()`` (as the old and reference
 log-probs are), then with gradients of a weighted sum of log-probs. The reference is the same
 weights unsharded, full logits (``use_fused_kernel=False``), on the same rows, its gradients
 averaged over the ranks as FSDP2's reduce-scatter averages them. Rank 0 writes ``DIR/result.pt``:
 per rank the log-probs of both arms, whether the fused op is in the sharded log-probs' graph, and
-every parameter's full gradient of both arms. ``--plain`` runs the sharded arm on full logits too.
+every trainable parameter's full gradient of both arms. ``--plain`` runs the sharded arm on full
+logits too; ``--lora`` trains a peft LoRA (r = 4, random A and B) on the attention and the LM head,
+the base frozen (the fused op then runs on ``W + s·B·A``).
 """
 import argparse
 import copy
 import os
 import socket
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: lightning_rlpt
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from lightning_rlpt.model.distributed import shard_with_fsdp2  # noqa: E402
-from lightning_rlpt.model.logprobs import completion_logprobs  # noqa: E402
+from lightning_rlpt.model.distributed import shard_with_fsdp2
+from lightning_rlpt.model.logprobs import completion_logprobs
 
 VOCAB = 97  # odd: FSDP2 pads the head's shards unevenly
 PROMPT, COMPLETION, ROWS = 6, 5, 4
@@ -83,6 +81,12 @@ def worker(rank: int, port: int, args) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     model = build(args.model)
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False,
+                                                 target_modules=["q_proj", "v_proj", "lm_head"]))
     reference = copy.deepcopy(model)
     shard_with_fsdp2(model, init_device_mesh("cpu", (2,)))
     ids, mask, weights = rows(rank)
@@ -91,6 +95,8 @@ def worker(rank: int, port: int, args) -> None:
     grads, ref_grads = {}, {}
     for (name, p), (ref_name, q) in zip(model.named_parameters(), reference.named_parameters()):
         assert name == ref_name, (name, ref_name)
+        if not p.requires_grad:
+            continue
         grads[name] = None if p.grad is None else p.grad.full_tensor()  # None: the test names it
         dist.all_reduce(q.grad)  # FSDP2 averages the ranks' gradients
         ref_grads[name] = q.grad / 2
@@ -107,6 +113,7 @@ def main() -> None:
     parser.add_argument("--model", choices=["llama", "qwen2"], default="llama")
     parser.add_argument("--padding-free", action="store_true")
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--lora", action="store_true")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
