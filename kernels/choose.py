@@ -12,11 +12,16 @@ are wanted). The forward and the backward are chosen apart: both read and write 
 On CUDA each candidate runs once untimed first (Triton compiles on its first launch). A
 candidate that raises while being timed (out of memory, say) is skipped with a warning and
 recorded in its `Choice`. Timing noise can make two runs choose differently, and so differ in
-the last bits: force a name for bitwise reproducible runs.
+the last bits, and each DDP/FSDP rank times on its own: force a name for bitwise reproducible
+runs. Under ``torch.use_deterministic_algorithms(True)`` the backwards that add atomically
+(``triton``) are no candidates, the flag is part of the bucket, and forcing one raises as torch's
+own nondeterministic ops do (a warning with ``warn_only=True``). The first timing of a bucket
+holds a lock, so two threads never time it at once.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -26,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .chunked import compute_dtype
-from .implementations import forward_candidates, implementations
+from .implementations import deterministic_backwards, forward_candidates, implementations
 
 ENV = "LIGHTNING_RLPT_LOGPROB_IMPL"
 AUTO = "auto"
@@ -42,6 +47,7 @@ class Choice:
 
 
 _CHOICES: dict[tuple, Choice] = {}
+_TIMING = threading.RLock()  # re-entrant: a candidate's own call may dispatch again
 
 
 def check_impl(impl: str, device: torch.device | str, dtype: torch.dtype | None, source: str = "impl") -> str:
@@ -72,7 +78,7 @@ def bucket(n: int) -> int:
 def _key(direction: str, hidden: Tensor, weight: Tensor, bias: Tensor | None, flags: dict[str, bool]) -> tuple:
     return (direction, str(hidden.device), str(hidden.dtype).removeprefix("torch."),
             str(weight.dtype).removeprefix("torch."), bias is not None, bucket(hidden.shape[0]), hidden.shape[1],
-            weight.shape[0], *sorted(flags.items()))
+            weight.shape[0], *sorted({**flags, "deterministic": torch.are_deterministic_algorithms_enabled()}.items()))
 
 
 def _sync(device: torch.device) -> None:
@@ -129,14 +135,34 @@ def dispatch(direction: str, impl: str, hidden: Tensor, weight: Tensor, bias: Te
     device, dtype = hidden.device, compute_dtype(hidden.dtype, weight.dtype)
     name = requested(impl, device, dtype)
     if name != AUTO:
+        if direction == "backward" and not deterministic_backwards((name,)):
+            _refuse_if_deterministic(name)
         return call(name)
     key = _key(direction, hidden, weight, bias, flags)
-    if key in _CHOICES:
-        return call(_CHOICES[key].name)
-    names = implementations(device, dtype)
-    choice, out = time_candidates(forward_candidates(names) if direction == "forward" else names, call, device)
-    _CHOICES[key] = choice
-    return out
+    with _TIMING:
+        if key in _CHOICES:
+            return call(_CHOICES[key].name)
+        names = implementations(device, dtype)
+        if direction == "forward":
+            names = forward_candidates(names)
+        elif torch.are_deterministic_algorithms_enabled():
+            names = deterministic_backwards(names)
+        choice, out = time_candidates(names, call, device)
+        _CHOICES[key] = choice
+        return out
+
+
+def _refuse_if_deterministic(name: str) -> None:
+    """A forced atomic backward under deterministic algorithms: torch's own rule for such ops."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    message = (f"fused_logprobs: the {name!r} backward adds into gradients atomically, so its last bits vary run to "
+               "run, and torch.use_deterministic_algorithms(True) is on. Use impl='triton_owned' (the same forward, "
+               "a backward without atomics) or 'chunked'.")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, UserWarning, stacklevel=3)
+    else:
+        raise RuntimeError(message)
 
 
 def choices() -> dict[str, Choice]:

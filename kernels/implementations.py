@@ -26,6 +26,9 @@ from .full_vocab import full_vocab_backward, full_vocab_forward
 
 PORTABLE = ("chunked", "full_vocab")
 TRITON = ("triton", "triton_owned")
+# Backwards that add into shared gradient rows atomically: their sums' order, hence last bits, vary
+# run to run, so they are not candidates under torch.use_deterministic_algorithms(True).
+ATOMIC_BACKWARD = frozenset({"triton"})
 
 
 def _triton_forward(*args, **kwargs):
@@ -80,3 +83,8 @@ def forward_candidates(names: tuple[str, ...]) -> tuple[str, ...]:
             seen.add(FORWARD[name])
             out.append(name)
     return tuple(out)
+
+
+def deterministic_backwards(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` without the backwards that add atomically (`ATOMIC_BACKWARD`)."""
+    return tuple(name for name in names if name not in ATOMIC_BACKWARD)
