@@ -203,6 +203,9 @@ def _policy_loss(cfg: dict[str, Any]) -> dict[str, Any]:
                                          temperature_neg=cfg["sapo_temperature_neg"])
     elif loss == "vespo":
         out["policy_loss_kwargs"] = {k: cfg[f"vespo_{k}"] for k in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}
+        # TRL's kernel reads the token-truncated sampler ratio (get_gamma_weights): the same cap here
+        out["policy_loss_kwargs"]["behaviour_cap"] = cfg["vllm_importance_sampling_cap"] or \
+            cfg["vllm_importance_sampling_clip_max"]
     return out
 
 
@@ -231,8 +234,9 @@ def _generation(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _correction(cfg: dict[str, Any]) -> dict[str, Any]:
     """TRL's vLLM importance-sampling correction as ``rollout_correction`` (acts only where the
-    engine reports behaviour log-probs, as TRL's acts only with vLLM). VESPO corrects itself
-    (its kernel weighs the sequence's ratio to the sampler), as TRL's ``vespo`` does."""
+    engine reports behaviour log-probs, as TRL's acts only with vLLM). VESPO corrects itself: its
+    kernel weighs the sequence's ratio to the sampler, each token's truncated at TRL's cap
+    (``behaviour_cap``, set in `_policy_loss`), as TRL's ``vespo`` does in ``token_truncate`` mode."""
     if not cfg["vllm_importance_sampling_correction"] or cfg["loss_type"] == "vespo":
         return dict(rollout_correction=None)
     cap = cfg["vllm_importance_sampling_cap"] or cfg["vllm_importance_sampling_clip_max"]

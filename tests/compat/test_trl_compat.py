@@ -87,7 +87,7 @@ def test_cispo_epsilon_high_is_the_absolute_cap():
      dict(policy_loss="luspo", loss_aggregation="seq-mean-token-mean")),
     (dict(loss_type="vespo", vespo_k_pos=1.5), dict(
         policy_loss="vespo", loss_aggregation="token-mean", rollout_correction=None,  # VESPO corrects itself
-        policy_loss_kwargs=dict(k_pos=1.5, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0))),
+        policy_loss_kwargs=dict(k_pos=1.5, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, behaviour_cap=3.0))),
     (dict(scale_rewards="batch"), dict(advantage="grpo_batch_std", advantage_kwargs={"eps": 1e-4})),
     (dict(scale_rewards=False), dict(advantage="dr_grpo", advantage_kwargs={})),
     # GDPO: TRL normalises the sum over the batch whatever scale_rewards says

@@ -14,14 +14,16 @@ MAX_LOG_WEIGHT = 20.0
 
 
 def sequence_log_weight(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
-                        behaviour_logprobs: torch.Tensor | None) -> torch.Tensor:
+                        behaviour_logprobs: torch.Tensor | None, behaviour_cap: float | None = None) -> torch.Tensor:
     """``[N, 1]`` detached ``log w_i = Σ_t log(π/π_old) (+ Σ_t log(π_old/π_behav))``, each token's
-    term clamped, then the sum clamped to ``[log 1e-8, 20]``; padding adds nothing."""
+    term clamped (``π_old/π_behav`` at most ``behaviour_cap``), then the sum clamped to
+    ``[log 1e-8, 20]``; padding adds nothing."""
     mask = mask.to(logprobs.dtype)
     log_w = (clamp_log_ratio(logprobs.detach() - old_logprobs.detach()) * mask).sum(-1, keepdim=True)
     if behaviour_logprobs is not None:
         behav = behaviour_logprobs.to(logprobs.dtype)
-        mismatch = (old_logprobs.detach() - behav).clamp(MIN_LOG_WEIGHT, MAX_LOG_WEIGHT)
+        top = MAX_LOG_WEIGHT if behaviour_cap is None else min(math.log(behaviour_cap), MAX_LOG_WEIGHT)
+        mismatch = (old_logprobs.detach() - behav).clamp(MIN_LOG_WEIGHT, top)
         log_w = log_w + (mismatch * mask).sum(-1, keepdim=True)
     return log_w.clamp(MIN_LOG_WEIGHT, MAX_LOG_WEIGHT)
 
@@ -37,6 +39,7 @@ def vespo_loss(
     lambda_pos: float = 3.0,
     k_neg: float = 3.0,
     lambda_neg: float = 2.0,
+    behaviour_cap: float | None = 3.0,
     behaviour_logprobs: torch.Tensor | None = None,
     **_: object,
 ) -> tuple[torch.Tensor, Stats]:
@@ -52,10 +55,17 @@ def vespo_loss(
     leaves the module's own correction off). ``k, λ = k_pos, lambda_pos`` where ``A ≥ 0``, else
     ``k_neg, lambda_neg`` (the authors' and TRL's defaults 2, 3, 3, 2). Computed in log space:
     ``log φ = λ + k log w - λ w``. Aggregate with ``token-mean`` (the ``vespo`` preset, TRL's).
+    Each token's ``π_old/π_behav`` is truncated at ``behaviour_cap`` before the product, as TRL
+    feeds its kernel the token-truncated ratio (``GRPOTrainer.get_gamma_weights`` with
+    ``vllm_importance_sampling_mode="token_truncate"``, ``vllm_importance_sampling_clip_max=3``):
+    untruncated, a few tokens the sampler found far less likely push a long row's ``w`` to
+    ``e^20``, where ``φ`` is 0 and the row silently drops out.
 
     Args:
         k_pos / lambda_pos: the kernel's power and decay for non-negative advantages.
         k_neg / lambda_neg: the same for negative advantages.
+        behaviour_cap: > 0, the most a token's ``π_old/π_behav`` counts for (TRL's default 3);
+            None: no truncation (only the ``[1e-8, e^20]`` clamp).
         behaviour_logprobs: the engine's, passed by the module.
 
     Stats: ``vespo/phi_seq`` (``φ(w_i)`` on each token).
@@ -63,8 +73,10 @@ def vespo_loss(
     if min(k_pos, k_neg) < 0 or min(lambda_pos, lambda_neg) <= 0:
         raise ValueError(f"vespo needs k >= 0 and lambda > 0 (got k_pos={k_pos}, lambda_pos={lambda_pos}, "
                          f"k_neg={k_neg}, lambda_neg={lambda_neg}); the authors use 2, 3, 3, 2")
+    if behaviour_cap is not None and not behaviour_cap > 0:
+        raise ValueError(f"vespo's behaviour_cap must be > 0 or None (got {behaviour_cap!r}); TRL's default is 3.0")
     adv = per_token(advantages, logprobs)
-    log_w = sequence_log_weight(logprobs, old_logprobs, mask, behaviour_logprobs)
+    log_w = sequence_log_weight(logprobs, old_logprobs, mask, behaviour_logprobs, behaviour_cap)
     nonneg = adv >= 0
     k = torch.where(nonneg, logprobs.new_tensor(k_pos), logprobs.new_tensor(k_neg))
     lam = torch.where(nonneg, logprobs.new_tensor(lambda_pos), logprobs.new_tensor(lambda_neg))
