@@ -24,7 +24,7 @@ from .hooks import RLHookCaller
 from .knobs import Knobs, Requests
 from .metrics import PassAtK
 from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
-from .model.logprobs import check_padding_free
+from .model.logprobs import check_head, check_padding_free
 from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
 from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
@@ -261,6 +261,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         self.agent.check(self.tokenizer)  # a template without tool support fails here, before any rollout
         self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
                                   gradient_checkpointing=gradient_checkpointing, seed=seed)
+        check_head(self.policy)  # a logit transform we would not reproduce fails here, before any rollout
         if padding_free:
             check_padding_free(self.policy)
         if disable_dropout:

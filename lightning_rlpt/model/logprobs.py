@@ -5,8 +5,10 @@ The decoder runs once; the LM head then scores only the completion positions. Wi
 (`lightning_rlpt.kernels.fused_logprobs`) computes log-probs and entropy tile by tile without
 an ``[N, C, V]`` logits buffer. A peft LoRA on ``lm_head`` takes the fused path too, through its
 effective weight ``W + Σ s·B·A`` (one ``[V, H]`` temporary, the size of the head, whose gradient
-flows back to ``A`` and ``B``) when no LoRA dropout is active; any other head (DoRA, soft-capped
-logits, dropout in training mode) takes the plain path. An FSDP2-sharded model runs the same
+flows back to ``A`` and ``B``) when no LoRA dropout is active; any other head (DoRA, dropout in
+training mode) takes the plain path, as do soft-capped logits (Gemma 2's
+``final_logit_softcapping``, applied as the model's forward does). `check_head` refuses, at
+construction, a model whose forward transforms its logits in any other way. An FSDP2-sharded model runs the same
 decoder-then-head code as a forward method of its root unit (`run_as_root_forward`), so the
 fused kernel is used there too, on the gathered head weight.
 """
@@ -55,7 +57,7 @@ def completion_logprobs(
         hidden = model.get_decoder()(**inputs).last_hidden_state
         hidden = hidden[:, -completion_len - 1 : -1] if keep is None else hidden[0, keep]
         return head_logprobs(model.get_output_embeddings(), hidden, targets, temperature, with_entropy,
-                             use_fused_kernel, entropy_grad)
+                             use_fused_kernel, entropy_grad, softcap=logit_softcap(model))
 
     # Under FSDP2 the root unit's parameters (embeddings, final norm, LM head) are gathered by its
     # forward hooks only: `score` runs between them, so the head weight it reads is the gathered one.
@@ -64,7 +66,8 @@ def completion_logprobs(
 
 def head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
                   with_entropy: bool, use_fused_kernel: bool = True,
-                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  entropy_grad: bool = False, softcap: float | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``targets`` from the last hidden states ``[..., H]``:
     the fused kernel when the head is a plain linear map (`head_as_linear`), else full logits.
 
@@ -76,7 +79,12 @@ def head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, 
         with_entropy: also return the entropies (detached unless ``entropy_grad``).
         use_fused_kernel: False forces full logits.
         entropy_grad: the entropies carry gradient (the fused kernel's own entropy backward).
+        softcap: the model's final logit soft-cap ``c`` (logits ``c · tanh(z / c)``; `logit_softcap`),
+            applied before the temperature on the plain path.
     """
+    if softcap:
+        logits = softcap * torch.tanh(head(hidden).float() / softcap)
+        return logits_logprobs(logits, targets, temperature, with_entropy, entropy_grad)
     fused = _fused() if use_fused_kernel else None
     # A head still sharded here (its own fully_shard unit, outside the root's) gathers only in its
     # own forward: give it full logits rather than the fused op a DTensor.
@@ -86,6 +94,38 @@ def head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, 
     weight, bias = linear
     logp, ent = fused(hidden, weight, targets, bias=bias, temperature=temperature, return_entropy=with_entropy)
     return logp, (ent.detach() if ent is not None and not entropy_grad else ent)
+
+
+def logit_softcap(model: nn.Module) -> float | None:
+    """The final logit soft-cap the model's forward applies after its head (Gemma 2), or None."""
+    config = getattr(model, "config", None)
+    return getattr(config, "final_logit_softcapping", None) or getattr(
+        getattr(config, "text_config", None), "final_logit_softcapping", None)
+
+
+@torch.no_grad()
+def check_head(model: nn.Module, atol: float = 1e-3) -> None:
+    """Refuse a model whose forward does more to its logits than the head (and a soft-cap) we
+    apply: the loss would score tokens under another distribution than the one sampled, silently.
+    One forward of 3 tokens through both paths at construction."""
+    if not hasattr(model, "get_decoder") or not hasattr(model, "get_output_embeddings"):
+        return
+    ids = torch.tensor([[1, 2, 3]], device=next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    try:
+        expected = model(input_ids=ids, use_cache=False).logits[0, -1].float().log_softmax(-1)
+        hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[:, -1:]
+        ours, _ = head_logprobs(model.get_output_embeddings(), hidden, expected.argmax()[None, None], 1.0, False,
+                                use_fused_kernel=False, softcap=logit_softcap(model))
+    finally:
+        model.train(was_training)
+    gap = (ours[0, 0] - expected.max()).abs().item()
+    if gap > atol:
+        raise ValueError(f"{type(model).__name__}'s forward transforms its logits after the LM head in a way "
+                         f"lightning-rlpt does not reproduce (log-prob gap {gap:.3g} on a probe; e.g. a logit scale "
+                         "or a cap other than final_logit_softcapping): the loss would score completions under "
+                         "another distribution than the one sampled. This architecture is not supported yet")
 
 
 def _sharded_head(head: nn.Module) -> bool:
