@@ -70,14 +70,19 @@ def run_single_host(out, *args: str, timeout: float) -> None:
     assert done.returncode == 0, cause(done.stderr)
 
 
-def start_servers(cluster, hosts: list[str], log_dir, probe_from: str = "trainer0",
-                  timeout: float = 600) -> list[subprocess.Popen]:
+def start_servers(cluster, hosts: list[str], log_dir, probe_from: str = "trainer0", timeout: float = 600,
+                  hide: str | None = None) -> list[subprocess.Popen]:
     """The rollout host's block, run as written on each of ``hosts`` at once (logs
-    ``<log_dir>/<host>.log``); returns once each ``/health`` answers from ``probe_from``."""
+    ``<log_dir>/<host>.log``); returns once each ``/health`` answers from ``probe_from``. ``hide``:
+    a directory the servers do not see (an empty tmpfs over it in a mount namespace of their own),
+    as a host without the trainer's filesystem."""
+    argv = ["bash", "-c", recipe("# a rollout host")]
+    if hide:  # "$0" is the block: no quoting of it inside the sh command
+        argv = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none {hide} && exec bash -c "$0"', argv[-1]]
     servers = []
     for host in hosts:
         log = open(os.path.join(log_dir, f"{host}.log"), "wb")
-        servers.append(cluster.popen(host, ["bash", "-c", recipe("# a rollout host")], stdout=log,
+        servers.append(cluster.popen(host, argv, stdout=log,
                                      stderr=subprocess.STDOUT, env=env_for(MODEL=os.path.join(ARITHMETIC, "warm_start"),
                                                                             HOST_ADDR=cluster.hosts[host])))
     deadline = time.monotonic() + timeout

