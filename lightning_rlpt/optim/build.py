@@ -138,6 +138,15 @@ def build_scheduler(factory: SchedulerFactory | None, optimizer: torch.optim.Opt
     return scheduler
 
 
+class RunSteps(int):
+    """A run's optimizer steps that are only an upper bound: ``why`` says what may end it first."""
+
+    def __new__(cls, steps: int, why: str) -> "RunSteps":
+        out = super().__new__(cls, steps)
+        out.why = why
+        return out
+
+
 def run_steps(trainer: Any, updates_per_rollout: int, minibatch_size: int | None) -> int | None:
     """The optimizer steps a fit will take (None: unknown): the Trainer's ``max_steps`` (which
     counts optimizer steps under manual optimization), or fewer when its epochs end first.
@@ -145,17 +154,24 @@ def run_steps(trainer: Any, updates_per_rollout: int, minibatch_size: int | None
     Lightning's ``estimated_stepping_batches`` counts training batches, and each batch (one
     rollout) takes ``updates_per_rollout`` optimizer steps when it is one mini-batch; with
     ``minibatch_size`` the count per rollout depends on the rollout's rows, so only ``max_steps``
-    bounds the run. An endless run (no ``max_steps``, ``max_epochs=-1``) is unknown too.
+    bounds the run: when the epochs may end before it, the count is a `RunSteps` that says so
+    (a schedule fitted to it warns). An endless run (no ``max_steps``, ``max_epochs=-1``) is
+    unknown too.
 
     Args:
         trainer: the fitting Trainer.
         updates_per_rollout / minibatch_size: `RLModule`'s.
     """
     max_steps = None if trainer.max_steps == -1 else trainer.max_steps
-    if trainer.max_epochs == -1 or minibatch_size is not None:
+    if trainer.max_epochs == -1:
         return max_steps
     batches = trainer.estimated_stepping_batches  # min(batches × epochs, max_steps), in batches
     if math.isinf(batches):
         return max_steps
+    if minibatch_size is not None:
+        if max_steps is None or int(batches) * updates_per_rollout >= max_steps:  # max_steps surely ends it
+            return max_steps
+        return RunSteps(max_steps, f"the {trainer.max_epochs} epochs ({int(batches)} rollouts) may end first: with "
+                                   "minibatch_size the optimizer steps per rollout depend on each rollout's rows")
     steps = int(batches) * updates_per_rollout
     return steps if max_steps is None else min(steps, max_steps)

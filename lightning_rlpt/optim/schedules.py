@@ -6,7 +6,9 @@ Their length (``total_steps``) may be left out: `RLModule` then sets it to the o
 Trainer will take (``max_steps``; see `optim.build.run_steps`), the LightningCLI convention of
 ``trainer.estimated_stepping_batches``. A checkpoint restores a schedule's position, never its
 settings, so a run resumed with a larger ``max_steps`` follows the longer schedule from where it
-stopped instead of sitting at the floor.
+stopped instead of sitting at the floor. Two cases warn: a resume whose longer run moves a
+fractional warm-up past the restored step (the rate drops back into the warm-up), and epochs that
+may end before ``max_steps`` when ``minibatch_size`` leaves the steps per rollout unknown.
 """
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ class _WarmupSchedule(LambdaLR):
                                  "pass total_steps=... to the schedule")
             self._set_length(run_steps)
             self._apply()
+            if getattr(run_steps, "why", None):
+                rank_zero_warn(f"{self.name} follows the run's max_steps={run_steps} optimizer steps, but {run_steps.why}"
+                               ": the learning rate would then stop before its floor. Set Trainer(max_epochs=-1) to let "
+                               "max_steps end the run, or pass total_steps=... to the schedule")
         elif run_steps is not None and self.total_steps < run_steps:
             rank_zero_warn(f"{self.name}(total_steps={self.total_steps}) is shorter than this run's {run_steps} "
                            f"optimizer steps: the learning rate will sit at its floor ({self.min_lr_ratio} × the base "
@@ -99,15 +105,28 @@ class _WarmupSchedule(LambdaLR):
             group["lr"] = lr
 
     def state_dict(self) -> dict:
-        # LambdaLR would try to pickle the bound method; the position is plain numbers.
-        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas", *SETTINGS)}
+        # LambdaLR would try to pickle the bound method; the position is plain numbers. The warm-up's
+        # length goes along, under its own name, only so a resume can tell when it moved.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas", *SETTINGS)}
+        return {**state, "saved_warmup_steps": self.warmup_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore the position (step count, base rates); the settings stay this run's (an older
         checkpoint's settings are ignored), so the restored step gets this run's rate."""
-        self.__dict__.update({k: v for k, v in state_dict.items() if k not in SETTINGS})
+        self.__dict__.update({k: v for k, v in state_dict.items() if k not in (*SETTINGS, "saved_warmup_steps")})
         if self.total_steps is not None:
+            self._warn_warmup_moved(state_dict.get("saved_warmup_steps"))
             self._apply()
+
+    def _warn_warmup_moved(self, saved: int | None) -> None:
+        """A warm-up given as a fraction grows with a longer run: a step past the saved run's warm-up
+        may fall inside this run's, and its learning rate drop back."""
+        step = max(self.last_epoch, 0)
+        if saved is not None and saved <= step < self.warmup_steps:
+            rank_zero_warn(f"{self.name}: resumed at optimizer step {step}, past the checkpoint's warm-up ({saved} "
+                           f"steps), but warmup_steps={self.warmup_arg} of this run's {self.total_steps} steps is "
+                           f"{self.warmup_steps}: the learning rate drops back to {step}/{self.warmup_steps} of the base "
+                           f"rate and warms up again. Give warmup_steps={saved} (an int) to keep the finished warm-up")
 
 
 class WarmupCosineLR(_WarmupSchedule):
