@@ -33,3 +33,15 @@ def test_the_behaviour_ratio_is_truncated_per_token_at_three_by_default():
 def test_a_bad_cap_is_refused():
     with pytest.raises(ValueError, match=r"vespo's behaviour_cap must be > 0 or None \(got 0\.0\); TRL's default is 3.0"):
         phi(0.0)
+
+
+def test_rows_the_kernel_drops_are_counted():
+    """Row 0: five tokens with π_old/π_behav = e^4, truncated to 3 each: w = 3^5 = 243, φ = e^3·243²·e^{−729}
+    = 0 in float64; row 1: w = 1, φ = 1. ``vespo/phi_vanished`` is 1 on row 0's tokens only."""
+    logp = torch.full((2, 5), -1.0, dtype=F64)
+    behav = logp.clone()
+    behav[0] -= 4.0
+    _, stats = POLICY_LOSSES.get("vespo")(logp, logp.clone(), torch.tensor([1.0, 1.0], dtype=F64),
+                                          torch.ones(2, 5, dtype=F64), behaviour_logprobs=behav)
+    assert stats["vespo/phi_seq"][:, 0].tolist() == pytest.approx([0.0, 1.0], abs=1e-300)
+    assert stats["vespo/phi_vanished"].tolist() == [[1.0] * 5, [0.0] * 5]

@@ -11,6 +11,8 @@ from .base import POLICY_LOSSES, Stats, per_token
 # log w is clamped to [log 1e-8, 20]: as in the authors' code, which clamps w at 1e-8 below.
 MIN_LOG_WEIGHT = math.log(1e-8)
 MAX_LOG_WEIGHT = 20.0
+# φ below this: the row's gradient is effectively gone (the ``vespo/phi_vanished`` stat).
+VANISHED = 1e-3
 
 
 def sequence_log_weight(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -68,7 +70,9 @@ def vespo_loss(
             None: no truncation (only the ``[1e-8, e^20]`` clamp).
         behaviour_logprobs: the engine's, passed by the module.
 
-    Stats: ``vespo/phi_seq`` (``φ(w_i)`` on each token).
+    Stats: ``vespo/phi_seq`` (``φ(w_i)`` on each token); ``vespo/phi_vanished`` (1 on the tokens
+    of rows with ``φ < 1e-3``, which the kernel has all but dropped: logged as the fraction of
+    trained tokens).
     """
     if min(k_pos, k_neg) < 0 or min(lambda_pos, lambda_neg) <= 0:
         raise ValueError(f"vespo needs k >= 0 and lambda > 0 (got k_pos={k_pos}, lambda_pos={lambda_pos}, "
@@ -81,4 +85,6 @@ def vespo_loss(
     k = torch.where(nonneg, logprobs.new_tensor(k_pos), logprobs.new_tensor(k_neg))
     lam = torch.where(nonneg, logprobs.new_tensor(lambda_pos), logprobs.new_tensor(lambda_neg))
     phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-    return -phi * adv * logprobs, {"vespo/phi_seq": phi}
+    # Rows the kernel has all but dropped (w far from 1): counted, since they leave no other trace.
+    vanished = (phi < VANISHED).to(logprobs.dtype).expand_as(logprobs)
+    return -phi * adv * logprobs, {"vespo/phi_seq": phi, "vespo/phi_vanished": vanished}
