@@ -8,13 +8,13 @@ has, or that the rollout sets itself because the learner depends on it (one comp
 from the row's own seed, the EOS stop, the behaviour log-probs), is refused with the setting to
 use instead: overriding it would silently break what the learner assumes about its samples.
 Each engine then checks the rest against what it really passes on (`check_hf_kwargs`,
-`check_server_kwargs`; vLLM's own ``SamplingParams`` refuses a name it lacks): a key the engine
+`check_vllm_kwargs`, `check_server_kwargs`): a key the engine
 would ignore is refused too, since a setting recorded as changing the distribution that changes
 nothing is as wrong as one that breaks it.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 _SAMPLING = "use SamplingConfig's own field (generation=dict({key}=...))"
 _ENGINE = "the engine sets it itself (the rollout depends on its value)"
@@ -141,6 +141,25 @@ def check_hf_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
         if key not in HF_ALLOWED:
             raise ValueError(f"generation_kwargs may not set {key!r} on the HF engine: it decodes greedily over its own "
                              f"per-row sampler, where only these act: {', '.join(HF_ALLOWED)}")
+    return extra
+
+
+def check_vllm_kwargs(kwargs: dict[str, Any] | None, fields: Iterable[str]) -> dict[str, Any]:
+    """``kwargs`` for vLLM's ``SamplingParams`` in the in-process engine, each one of its fields.
+
+    Args:
+        kwargs: ``SamplingConfig.generation_kwargs`` (already past `check_generation_kwargs`).
+        fields: ``SamplingParams``' field names (its private ones, ``_...``, are not settings).
+
+    Returns:
+        A copy, to pass to ``SamplingParams``.
+    """
+    extra, known = dict(kwargs or {}), {f for f in fields if not f.startswith("_")}
+    unknown = sorted(k for k in extra if k not in known)
+    if unknown:
+        raise ValueError(f"generation_kwargs {unknown} are not fields of vLLM's SamplingParams, which the vLLM engine "
+                         "passes them to (transformers' names, e.g. 'no_repeat_ngram_size' or 'bad_words_ids', need the "
+                         "HF engine; vLLM has 'bad_words' and 'min_tokens')")
     return extra
 
 

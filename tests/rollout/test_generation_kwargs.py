@@ -126,3 +126,7 @@ def test_the_vllm_engine_puts_them_in_sampling_params():
     params = engine.sampling_params(sampling, [], [3, 4])
     assert [p.seed for p in params] == [3, 4]
     assert all(p.bad_words == ["7"] and p.min_tokens == 2 and p.max_tokens == 5 for p in params)
+    # a transformers name: refused naming the engine, not vLLM's bare "Unexpected keyword argument"
+    with pytest.raises(ValueError, match=r"generation_kwargs \['no_repeat_ngram_size'\] are not fields of vLLM's "
+                                         r"SamplingParams.*need the HF engine"):
+        engine.sampling_params(SamplingConfig(generation_kwargs={"no_repeat_ngram_size": 2}), [], [3])

@@ -46,6 +46,7 @@ from torch import nn
 
 from ...model.weights import policy_weights
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
+from ..generation_kwargs import check_vllm_kwargs
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
 from .checks import check_head_dim, check_tensor_parallel, context_length, head_dim, import_vllm, model_config
@@ -233,7 +234,7 @@ class VLLMEngine(RolloutEngine):
                       top_k=sampling.top_k, min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty,
                       logprobs=0, stop=words or None, detokenize=bool(words),
                       stop_token_ids=[self.eos_token_id] + [s for s in stop if isinstance(s, int)],
-                      **(sampling.generation_kwargs or {}))  # keys SamplingConfig refuses never collide
+                      **check_vllm_kwargs(sampling.generation_kwargs, SamplingParams.__struct_fields__))
         return [SamplingParams(seed=s, **common) for s in seeds]
 
     @staticmethod
