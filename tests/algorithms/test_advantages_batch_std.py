@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from lightning_rlpt.algorithms.advantages import check_estimator, compute_advantages
+from trl_formulas import nanstd
 
 # Two ranks' rewards, G = 2: rank 0 holds groups (1, 0), (.5, .5); rank 1 (0, 0), (1, 0).
 RANK_REWARDS = [[1.0, 0.0, 0.5, 0.5], [0.0, 0.0, 1.0, 0.0]]
@@ -33,15 +34,6 @@ def test_by_hand_one_process():
 
 def trl_batch_scaled(rewards, num_generations):
     """TRL's advantages at ``scale_rewards="batch"`` (no NaN rewards)."""
-    def nanstd(tensor):
-        mean = torch.nanmean(tensor, dim=None, keepdim=True)
-        variance = torch.nanmean((tensor - mean) ** 2, dim=None, keepdim=True)
-        count = torch.sum(~torch.isnan(tensor), dim=None, keepdim=True)
-        correction = count / (count - 1)
-        correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
-        variance *= correction
-        return torch.sqrt(variance).squeeze()
-
     mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
     mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
     std_rewards = nanstd(rewards).expand_as(rewards)

@@ -12,6 +12,7 @@ import tiny_task as task
 from lightning_rlpt import RLModule
 from lightning_rlpt.rewards import RewardFunctions
 from lightning_rlpt.rollout import collect
+from trl_formulas import nanstd
 
 NAN = math.nan
 
@@ -42,18 +43,6 @@ def test_sum_then_normalize_is_the_weighted_sum():
     assert rf.aggregate(scores, 2).tolist() == [2.0, 2.0]
 
 
-def _trl_nanstd(tensor, dim=None, keepdim=False):
-    """trl/trainer/utils.py ``nanstd``, transcribed."""
-    mean = torch.nanmean(tensor, dim=dim, keepdim=True)
-    variance = torch.nanmean((tensor - mean) ** 2, dim=dim, keepdim=True)
-    count = torch.sum(~torch.isnan(tensor), dim=dim, keepdim=True)
-    correction = count / (count - 1)
-    correction = torch.where(count > 1, correction, torch.full_like(correction, float("nan")))
-    variance *= correction
-    std = torch.sqrt(variance)
-    return std if keepdim else (std.squeeze(dim) if dim is not None else std.squeeze())
-
-
 def _trl_normalize_then_sum(rewards_per_func, weights, num_generations):
     """trl/trainer/grpo_trainer.py, ``GRPOTrainer._generate_and_score_completions``, branch
     ``multi_objective_aggregation == "normalize_then_sum"``, transcribed: (the summed rewards,
@@ -61,12 +50,12 @@ def _trl_normalize_then_sum(rewards_per_func, weights, num_generations):
     unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)
     grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.shape[1])
     mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
-    std_k = _trl_nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
+    std_k = nanstd(grouped, dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(mean_k)
     reward_k = (grouped - mean_k) / (std_k + 1e-4)
     reward_k = reward_k.view(-1, rewards_per_func.shape[1])
     rewards = (reward_k * weights.unsqueeze(0)).nansum(dim=1)
     rewards[unscorable_mask] = torch.nan
-    std_rewards = _trl_nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    std_rewards = nanstd(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
     advantages = (rewards - torch.nanmean(rewards)) / (std_rewards + 1e-4)
     return rewards, torch.nan_to_num(advantages, nan=0.0)
 
