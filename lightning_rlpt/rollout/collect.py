@@ -160,7 +160,7 @@ def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torc
     from every rank; docs/metrics.md lists each).
 
     ``reward_std`` is the (unbiased) std over the whole batch, as TRL's ``nanstd(rewards)``;
-    ``reward_std/group_mean`` the mean of the per-group stds (the spread GRPO learns from);
+    ``reward_group_std`` the mean of the per-group stds (the spread GRPO learns from);
     ``frac_reward_zero_std`` the share of groups whose std is 0. Per function:
     ``rewards/<name>/mean`` and ``std`` over the samples it applies to (not None, as TRL's
     ``nanmean``/``nanstd``; left out when it applied to none), ``none_frac`` (the share of
@@ -170,7 +170,7 @@ def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torc
     out = {
         "reward": rewards.mean().item(),
         "reward_std": rewards.std().item(),
-        "reward_std/group_mean": group_std.mean().item(),
+        "reward_group_std": group_std.mean().item(),
         "frac_reward_zero_std": (group_std < 1e-6).float().mean().item(),
         **length_metrics(lengths, truncated),
     }

@@ -21,7 +21,7 @@ STEPS = 3
 def run(tmp_path_factory, warm_start_dir, arithmetic_rows, held_out_rows):
     os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # MLflow >= 3.7 asks for this to use ./mlruns-style stores
     root = str(tmp_path_factory.mktemp("loggers"))
-    module = RLModule(warm_start_dir, reward_funcs=["task:exact_answer"], group_size=4, kl_coef=0.05, lr=1e-3,
+    module = RLModule(warm_start_dir, reward_funcs=["tiny_task:exact_answer"], group_size=4, kl_coef=0.05, lr=1e-3,
                       generation=dict(max_new_tokens=4, max_prompt_length=8))
     data = PromptDataModule(arithmetic_rows, val_data=held_out_rows[:8], batch_size=2, val_batch_size=8)
     loggers = {

@@ -12,7 +12,7 @@ import tiny_task as task
 from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 
-METRICS = ["reward", "reward_std", "reward_std/group_mean", "frac_reward_zero_std", "completions/mean_length",
+METRICS = ["reward", "reward_std", "reward_group_std", "frac_reward_zero_std", "completions/mean_length",
            "completions/clipped_ratio", "completions/mean_terminated_length", "num_tokens", "learning_rate",
            "step_time", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/low_min",
            "clip_ratio/high_max", "loss", "rewards/exact_answer/mean", "rewards/exact_answer/std", "val/accuracy",
@@ -53,6 +53,10 @@ def test_fit_logs_every_metric_to_csv_and_tensorboard(mode, tmp_path, warm_start
 
     with open(os.path.join(loggers[0].log_dir, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))
+    # A name that is also another's folder (`x` and `x/y`) breaks loggers that store one file per
+    # metric (MLflow's file store: "Not a directory").
+    names = set(rows[0])
+    assert not [(a, b) for a in names for b in names if b.startswith(a + "/")]
     for name in METRICS:
         values = [float(r[name]) for r in rows if r.get(name) not in (None, "")]
         assert values, f"{name} missing from metrics.csv"

@@ -107,7 +107,7 @@ def test_fit_logs_trl_metrics_with_trl_meanings(warm_start_dir, arithmetic_rows,
     # reward_std: the unbiased std of each rollout's 8 rewards (TRL), not the mean of group stds
     assert [value(r, "reward_std") for r in rows] == pytest.approx([r.std().item() for r in seen.rewards], abs=1e-6)
     groups = [r.view(-1, 4).std(1).mean().item() for r in seen.rewards]
-    assert [value(r, "reward_std/group_mean") for r in rows] == pytest.approx(groups, abs=1e-6)
+    assert [value(r, "reward_group_std") for r in rows] == pytest.approx(groups, abs=1e-6)
 
 
 class _DesignedRatios(RLCallback):

@@ -3,6 +3,7 @@ an unreachable rendezvous address fails naming it; a trainer node killed mid-ste
 node, which names the dead peer, and leaves no process behind."""
 import glob
 import os
+import re
 import signal
 import subprocess
 import time
@@ -50,5 +51,6 @@ def test_a_trainer_node_killed_mid_step_ends_the_other_naming_it(cluster, tmp_pa
     output = nodes[0].communicate(timeout=120)[0].decode(errors="replace")
     assert time.monotonic() - killed < 60, "the surviving node took more than 60 s to end"
     assert nodes[0].returncode != 0
-    assert "Connection closed by peer" in output and hosts.hosts["trainer1"] in output, output[-2000:]
+    # gloo says "closed" or "reset" depending on where the worker was in its read
+    assert re.search(r"Connection (closed|reset) by peer", output) and hosts.hosts["trainer1"] in output, output[-2000:]
     assert hosts.pids("trainer0") == []  # torchrun and its worker are gone

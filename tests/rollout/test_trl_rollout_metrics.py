@@ -22,7 +22,7 @@ def test_reward_std_is_the_batch_std_and_the_group_mean_has_its_own_name():
     # batch: mean 5/8; squared deviations 5·(3/8)² + 3·(5/8)² = 1.875; Bessel: / 7
     assert metrics["reward_std"] == pytest.approx(math.sqrt(1.875 / 7))
     # groups: std(1, 0, 0, 0) = sqrt(0.75 / 3) = 0.5 and std(1, 1, 1, 1) = 0
-    assert metrics["reward_std/group_mean"] == pytest.approx(0.25)
+    assert metrics["reward_group_std"] == pytest.approx(0.25)
     assert metrics["frac_reward_zero_std"] == 0.5
     assert metrics["reward"] == pytest.approx(5 / 8)
 
@@ -31,7 +31,7 @@ def test_every_group_constant_but_the_batch_not_gives_a_batch_std_and_no_group_s
     """The case the two meanings part most: GRPO learns nothing (every group std 0), while TRL's
     ``reward_std`` still shows the spread between prompts."""
     metrics = _metrics([2.0, 2.0, 0.0, 0.0], group_size=2)
-    assert metrics["reward_std/group_mean"] == 0.0 and metrics["frac_reward_zero_std"] == 1.0
+    assert metrics["reward_group_std"] == 0.0 and metrics["frac_reward_zero_std"] == 1.0
     assert metrics["reward_std"] == pytest.approx(math.sqrt(4.0 / 3))  # deviations ±1, 4 samples
 
 
