@@ -238,18 +238,19 @@ def test_a_killed_server_fails_over_then_the_run_stops_naming_it(servers, warm_s
     sampling = SamplingConfig(max_new_tokens=20, temperature=1.0)
     expected = engine_over(servers[:1]).generate(ids, sampling, 3)
     victim = servers[1]
-    for _ in range(3):  # until the victim is seen answering early in a rollout (the servers' pace varies)
+    for _ in range(10):  # until the victim is seen answering early in a rollout (the servers' pace varies)
         both.pool.served = {u: 0 for u in both.pool.served}
         result = {}
         worker = threading.Thread(target=lambda: result.update(out=both.generate(ids, sampling, 3)))
         worker.start()
-        while sum(both.pool.served.values()) < 4 and worker.is_alive():
+        while both.pool.served[victim.url] == 0 and worker.is_alive():  # the victim has answered once
             time.sleep(0.001)
-        if both.pool.served[victim.url] > 0:
+        if worker.is_alive() and sum(both.pool.served.values()) < len(ids) // 4:
             break
         worker.join(timeout=120)
     # Mid-rollout: most rows are still to come, and the victim always holds one of the two slots.
-    assert worker.is_alive() and sum(both.pool.served.values()) < len(ids) // 4
+    assert worker.is_alive(), "in 10 rollouts the second server never answered early in the rollout"
+    assert sum(both.pool.served.values()) < len(ids) // 4
     os.killpg(victim.pid, signal.SIGKILL)
     worker.join(timeout=120)
     assert not worker.is_alive()
