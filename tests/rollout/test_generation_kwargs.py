@@ -117,7 +117,7 @@ def test_they_count_as_a_distribution_change_and_validation_copies_them(warm_sta
 @pytest.mark.slow
 def test_the_vllm_engine_puts_them_in_sampling_params():
     """Only vLLM's ``SamplingParams`` is built (importing vLLM takes ~40 s here; no engine starts)."""
-    pytest.importorskip("vllm")
+    from lightning_rlpt.rollout.vllm.engine import VLLMEngine
 
     engine = object.__new__(VLLMEngine)  # sampling_params reads only the EOS id
     engine.eos_token_id = task.EOS_ID
