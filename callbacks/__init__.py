@@ -9,6 +9,7 @@ from importlib import import_module
 from lightning_rlpt.hooks import RLCallback
 
 _WHERE = {
+    "EngineCallback": "engine_callback",
     "VLLMRollout": "vllm_rollout",
     "VLLMServerRollout": "vllm_server_rollout",
     "EntropyGatedKL": "entropy_gated_kl",

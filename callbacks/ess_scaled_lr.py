@@ -109,7 +109,7 @@ class ESSScaledLR(RLCallback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         engine = pl_module.rollout_engine  # None: the module's HF engine, which honours the request
-        if engine is not None and getattr(engine, "return_logprobs", True) is False:
+        if engine is not None and not engine.return_logprobs:  # checked against the contract at fit start
             raise ValueError("ESSScaledLR needs behaviour log-probs from the rollout engine, and this "
                              f"{type(engine).__name__} does not report them: build it with return_logprobs=True, "
                              "leave the module's own engine (RLModule(..., rollout_logprobs=True)), or roll out with "

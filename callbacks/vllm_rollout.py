@@ -9,11 +9,11 @@ import lightning as L
 from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype, refuse_fp16_on_cpu
 from lightning_rlpt.model.weights import check_not_repacked, policy_weights
-from lightning_rlpt.rollout import RolloutEngine
-from lightning_rlpt.rollout.vllm.checks import context_length, import_vllm, model_config
+from lightning_rlpt.rollout.context import context_length, model_config
+from lightning_rlpt.rollout.vllm.checks import import_vllm
 from lightning_rlpt.rollout.vllm.engine import VLLMEngine
 
-from ._engine import EngineCallback
+from .engine_callback import EngineCallback
 
 
 class VLLMRollout(EngineCallback):
@@ -64,7 +64,7 @@ class VLLMRollout(EngineCallback):
         >>> trainer.fit(module, datamodule=data)  # doctest: +SKIP
     """
 
-    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version", "episodes")
+    requires = EngineCallback.requires + ("policy", "val_sampling")
 
     def __init__(self, *, gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,
                  max_model_len: int | None = None, dtype: Any = None, enable_prefix_caching: bool | None = None,
@@ -82,9 +82,8 @@ class VLLMRollout(EngineCallback):
                             max_model_len=max_model_len, dtype=dtype, enable_prefix_caching=enable_prefix_caching,
                             seed=seed, kv_cache_memory_bytes=kv_cache_memory_bytes, **llm_kwargs)
         self.sync_every, self.sleep_between_phases, self.validate = sync_every, sleep_between_phases, validate
-        self.engine: VLLMEngine | None = None
+        super().__init__()  # max_staleness stays 0: a colocated engine does not declare can_run_ahead
         self._given = engine
-        self._previous: RolloutEngine | None = None
 
     # ---------------------------------------------------------------- start-up
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -95,7 +94,7 @@ class VLLMRollout(EngineCallback):
         self._check(pl_module)
         # The precision plugin converts the policy only after setup: take the dtype from the trainer.
         options = {**self.options, "dtype": self.options["dtype"] or precision_dtype(trainer.precision)}
-        self._install(pl_module, self._given or VLLMEngine.from_module(
+        self.install(trainer, pl_module, self._given or VLLMEngine.from_module(
             pl_module, overrides=self.overrides, sync_every=self.sync_every,
             sleep_between_phases=self.sleep_between_phases, **options))
         if self._given is not None:
@@ -132,24 +131,8 @@ class VLLMRollout(EngineCallback):
         if self.engine is not None:
             self._sync_now(pl_module)
 
-    # ---------------------------------------------------------------- phases
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        if self.engine is not None:
-            self.engine.phase, self.engine.where = "training", f"global step {trainer.global_step}"
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.engine is None:
-            return
-        self.engine.phase = "validation"
-        if self.engine.policy_version != pl_module.policy_version:
-            self._sync_now(pl_module)  # validation scores the policy being trained, not a stale copy
-
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                                  batch_idx: int, dataloader_idx: int = 0) -> None:
-        if self.engine is not None:
-            self.engine.where = f"global step {trainer.global_step}, validation batch {batch_idx}"
-
-    # ---------------------------------------------------------------- shutdown (EngineCallback releases)
-    def _close(self, engine: VLLMEngine) -> None:
+    # ---------------------------------------------------------------- shutdown (EngineCallback releases;
+    # it also sets the engine's phase and step, and syncs a lagging engine before validation)
+    def close_engine(self, engine: VLLMEngine) -> None:
         if engine is not self._given:  # a caller's engine stays open for the caller
             engine.close()

@@ -12,18 +12,19 @@ import torch
 from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype
 from lightning_rlpt.model.weights import policy_weights
-from lightning_rlpt.rollout.vllm.checks import check_head_dim, context_length, model_config
+from lightning_rlpt.rollout.context import context_length, model_config
+from lightning_rlpt.rollout.ranks import lead_then_share
+from lightning_rlpt.rollout.vllm.checks import check_head_dim
 from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, vllm_dtype
 from lightning_rlpt.rollout.vllm.lora_transport import (LORA_SYNC_MODES, AdapterTransport, adapter_transport,
                                                         launch_lora_options)
-from lightning_rlpt.rollout.vllm.pipeline import RolloutPipeline
-from lightning_rlpt.rollout.vllm.ranks import check_strategy, lead_then_share
+from lightning_rlpt.rollout.vllm.ranks import check_strategy
 from lightning_rlpt.rollout.vllm.reach import check_reachable
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer, sigterm_raises
 from lightning_rlpt.rollout.vllm.transport import SnapshotTransport, write_snapshot
 
-from ._engine import EngineCallback
+from .engine_callback import EngineCallback, check_staleness, refuse_async_with  # noqa: F401 - imported from here too
 
 LAUNCH_KEYS = ("num_servers", "max_model_len", "kv_cache_memory_bytes", "dtype", "startup_timeout", "extra_args",
                "log_dir", "seed", "env")
@@ -63,6 +64,8 @@ class VLLMServerRollout(EngineCallback):
         control_timeout: seconds for control calls (version, reload, health).
         max_inflight: completion requests in flight at once over all servers.
         warn_after: seconds a request may wait on a server before a warning names it (and the step).
+        connect_timeout: seconds a new connection to a server may take (a host whose link is down sends
+            no refusal: without this bound each request would wait the whole ``request_timeout``).
         transport: a transport object (default: `SnapshotTransport` in a temporary directory,
             `AdapterTransport` for a LoRA policy (see ``lora_sync``); pass ``NCCLTransport(...)`` for GPU
             servers: it is never chosen automatically).
@@ -81,15 +84,15 @@ class VLLMServerRollout(EngineCallback):
         >>> trainer = L.Trainer(callbacks=[VLLMServerRollout(urls=["http://10.0.0.7:8000"])])  # doctest: +SKIP
     """
 
-    requires = ("policy", "tokenizer", "sampling", "val_sampling", "rollout_engine", "policy_version", "group_size",
-                "episodes")
+    requires = EngineCallback.requires + ("policy", "val_sampling")
 
     def __init__(self, *, urls: list[str] | None = None, launch: dict[str, Any] | None = None, sync_every: int = 1,
                  request_timeout: float = 600.0, control_timeout: float = 600.0, max_inflight: int = 64,
                  transport: Any = None, temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, max_tokens: int | None = None, stop: list[Any] | None = None,
                  validate: bool = False, parity_atol: float | None = 1e-3, lora_sync: str = "auto",
-                 max_staleness: int = 0, async_seed: int = 0, warn_after: float = 60.0):
+                 max_staleness: int = 0, async_seed: int = 0, warn_after: float = 60.0,
+                 connect_timeout: float = 10.0):
         if (urls is None) == (launch is None):
             raise ValueError("give exactly one of urls=[...] (running vLLM servers) or launch=dict(...) (start local "
                              f"ones); got urls={urls!r}, launch={launch!r}")
@@ -102,19 +105,18 @@ class VLLMServerRollout(EngineCallback):
             raise ValueError(f"launch num_servers must be >= 1 (got {launch['num_servers']})")
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1 optimizer steps (got {sync_every}); 1 is on-policy")
-        if min(request_timeout, control_timeout, warn_after) <= 0:
-            raise ValueError(f"request_timeout, control_timeout and warn_after must be > 0 seconds (got "
-                             f"{request_timeout}, {control_timeout}, {warn_after})")
+        if min(request_timeout, control_timeout, warn_after, connect_timeout) <= 0:
+            raise ValueError(f"request_timeout, control_timeout, warn_after and connect_timeout must be > 0 seconds "
+                             f"(got {request_timeout}, {control_timeout}, {warn_after}, {connect_timeout})")
         if lora_sync not in LORA_SYNC_MODES:
             raise ValueError(f"lora_sync must be one of {LORA_SYNC_MODES} (got {lora_sync!r})")
         check_staleness(max_staleness, sync_every)
+        super().__init__(max_staleness=max_staleness, async_seed=async_seed)
         self.lora_sync = lora_sync
         self.urls, self.launch, self.sync_every, self.validate = urls, dict(launch or {}), sync_every, validate
-        self.max_staleness, self.async_seed = max_staleness, async_seed
-        self.pipeline: RolloutPipeline | None = None
-        self._pipeline_state: dict[str, Any] | None = None
         self.pool_kwargs = dict(request_timeout=request_timeout, control_timeout=control_timeout,
-                                max_inflight=max_inflight, warn_after=warn_after)
+                                max_inflight=max_inflight, warn_after=warn_after,
+                                connect_timeout=connect_timeout)
         self.transport, self.parity_atol = transport, parity_atol
         self.overrides = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k,
                                                  max_tokens=max_tokens, stop=stop).items() if v is not None}
@@ -155,10 +157,8 @@ class VLLMServerRollout(EngineCallback):
             for server in servers:
                 server.stop()
             raise
-        if self.max_staleness and stage == "fit":  # the module samples through the pipeline; the callback drives `engine`
-            # (a checkpoint's state arrives later, in load_state_dict: Lightning restores callbacks after setup)
-            self.pipeline = RolloutPipeline(engine, self.max_staleness, seed=self.async_seed)
-        self._install(pl_module, engine, serve=self.pipeline)  # installed first, so a failed check still closes it
+        # With max_staleness the module samples through a pipeline (EngineCallback); the callback drives `engine`.
+        self.install(trainer, pl_module, engine)  # installed first, so a failed check still closes it
         engine.check_model(pl_module.policy, pl_module.tokenizer, needed)  # before any weight is sent
 
     def _launch(self, trainer: L.Trainer, module: L.LightningModule, needed: int, config: Any, tied: bool,
@@ -202,95 +202,17 @@ class VLLMServerRollout(EngineCallback):
             # a server that returns after a drop is probed the same way before it samples again
             engine.probe = lambda url: engine.check_parity(pl_module.policy, prompt, atol=atol, urls=[url])
 
-    # ---------------------------------------------------------------- the asynchronous pipeline
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.pipeline is not None:
-            self.pipeline.start(trainer.train_dataloader, trainer.current_epoch, pl_module.tokenizer,
-                                pl_module.sampling, pl_module.group_size)
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if self.pipeline is not None:  # batch j trained and synced: generate batch j + k + 1 meanwhile
-            self.pipeline.submit()
-
-    def on_rewards_computed(self, trainer: L.Trainer, pl_module: L.LightningModule, experience: Any) -> None:
-        if self.engine is not None:  # optimizer steps between the sampling weights and the trainer's, all ranks
-            lag = float(pl_module.policy_version - experience.policy_version)
-            pl_module.log("async/staleness/mean", lag, on_step=True, on_epoch=False, batch_size=1, sync_dist=True)
-            pl_module.log("async/staleness/max", lag, on_step=True, on_epoch=False, batch_size=1, sync_dist=True,
-                          reduce_fx="max")
-
-    def state_dict(self) -> dict[str, Any]:
-        """With ``max_staleness``: the rollouts generated ahead (the one in flight waited for)."""
-        if self.pipeline is not None:
-            return {"pipeline": self.pipeline.state_dict()}
-        return {"pipeline": self._pipeline_state} if self._pipeline_state else {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pipeline_state = state.get("pipeline")
-        if self.pipeline is not None and self._pipeline_state is not None:
-            self.pipeline.load_state_dict(self._pipeline_state)
-
-    # ---------------------------------------------------------------- phases
+    # ---------------------------------------------------------------- phases (EngineCallback: the pipeline, the
+    # engine's phase and step, a sync before validation; the module: staleness, checked and logged)
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
-        if self.engine is None:
-            return
-        self.engine.phase, self.engine.where = "training", f"global step {trainer.global_step}"
-        if self.pipeline is not None:
-            self.pipeline.expect(batch, self.engine.where)
-        behind = pl_module.policy_version - self.engine.policy_version
-        if not 0 <= behind < self.sync_every:
-            raise RuntimeError(f"the vLLM servers hold step {self.engine.policy_version}'s weights at global step "
-                               f"{trainer.global_step}, but the policy is at step {pl_module.policy_version} with "
-                               f"sync_every={self.sync_every}: a weight sync was skipped or failed")
-        pl_module.log("vllm/weight_sync_bytes", float(self.engine.last_sync.get("bytes", 0.0)))
-        pl_module.log("vllm/live_servers", float(len(self.engine.pool.live)))
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if self.engine is not None:
+            pl_module.log("vllm/weight_sync_bytes", float(self.engine.last_sync.get("bytes", 0.0)))
+            pl_module.log("vllm/live_servers", float(len(self.engine.pool.live)))
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.engine is None:
-            return
-        if self.pipeline is not None:
-            self.pipeline.drain()  # the batch in flight finishes as a training rollout
-        self.engine.phase = "validation"
-        if self.engine.policy_version != pl_module.policy_version:
-            self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
-
-    # ---------------------------------------------------------------- shutdown (EngineCallback releases)
-    def _close(self, engine: RemoteVLLMEngine) -> None:
-        if self.pipeline is not None:  # its worker stops before the servers do
-            self.pipeline.close()
-            self.pipeline = None
-        engine.close()
-
-    def _cleanup(self) -> None:  # the engine's close() stops the servers it launched, by pid
+    # ---------------------------------------------------------------- shutdown (EngineCallback releases;
+    # the engine's close() stops the servers it launched, by pid)
+    def cleanup(self) -> None:
         if self._run_dir:
             shutil.rmtree(self._run_dir, ignore_errors=True)
             self._run_dir = None
-
-
-def check_staleness(max_staleness: Any, sync_every: int) -> None:
-    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
-        raise ValueError(f"max_staleness must be an int >= 0 (got {max_staleness!r}): 0 samples each batch when it "
-                         "trains, k >= 1 generates the next k batches while the trainer updates")
-    if max_staleness and sync_every != 1:
-        raise ValueError(f"max_staleness={max_staleness} with sync_every={sync_every}: both make rollouts stale; "
-                         "use one of them (max_staleness with sync_every=1, or sync_every with max_staleness=0)")
-
-
-def refuse_async_with(trainer: L.Trainer, module: L.LightningModule, max_staleness: int) -> None:
-    """What cannot run ahead of training, refused before any server starts."""
-    if trainer.world_size > 1:  # each rank would run its own pipeline; never run, so refused rather than guessed
-        raise ValueError(f"max_staleness={max_staleness} with {trainer.world_size} trainer processes is not supported "
-                         "yet: each rank would generate ahead on its own and their syncs are untested. Use one trainer "
-                         "process (devices=1) with max_staleness, or max_staleness=0 under DDP")
-    if module.episodes:
-        raise ValueError(f"max_staleness={max_staleness} cannot run multi-turn episodes (tools, environment or "
-                         "rollout_func): each turn's prompt depends on the previous turn's tool results. Use "
-                         "max_staleness=0 with episodes")
-    from .curriculum_sampler import CurriculumSampler
-
-    if any(isinstance(c, CurriculumSampler) for c in trainer.callbacks):
-        raise ValueError(f"max_staleness={max_staleness} cannot run with CurriculumSampler: its sampling weights and "
-                         "filters follow the pass rates of the batches just trained, so batches drawn "
-                         f"{max_staleness} step(s) ahead would come from stale weights (and refills cannot be "
-                         "generated ahead). Use max_staleness=0 with a curriculum")
-

@@ -347,6 +347,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
 
     def on_fit_start(self) -> None:
         park_offloaded(self.reference)  # reference_offload: back to CPU memory after the strategy moved the module
+        self.check_engine()  # after the callbacks' on_fit_start: theirs is installed and synced
 
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]

@@ -20,6 +20,7 @@ from ..model.logprobs import completion_logprobs
 from ..model.reference import onloaded
 from ..rewards import TrainerState
 from ..rollout import collect
+from ..rollout.contract import check_engine, check_held_version, staleness_metrics
 from ..rollout.episodes.agent import info_metrics
 from ..rollout.episodes.rollout import rollout_episodes
 
@@ -37,6 +38,7 @@ class MakeExperience:
         """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
         exp, failures, cut = self.rollout_and_score(batch, self._next_seed())
         self._log_rollout(exp, failures, cut)
+        self._log_dict(staleness_metrics(self.policy_version, exp.policy_version))  # every engine, all ranks
         exp = call_hook(self.trainer, self, "on_rollout_scored", exp)
         exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
         if self._any_rank_empty(len(exp)):
@@ -67,13 +69,22 @@ class MakeExperience:
                           "of rows per rank", UserWarning, stacklevel=3)
         return bool(empty)
 
+    def check_engine(self) -> None:
+        """At fit start: the installed engine against the `RolloutEngine` contract (what is missing
+        is named); an engine holding other weights than the policy's (a resumed run, an engine
+        installed by hand) receives them now, before the first rollout."""
+        check_engine(self.engine)
+        if self.engine.held_version != self.policy_version:
+            self.sync_engine()
+
     def rollout_and_score(self, batch: dict[str, list[Any]], seed: int) -> tuple[Experience, dict[str, int], int]:
         """Sample G completions per prompt, run ``on_rollout_end``, score them: the experience,
         reward failures per function and how many prompts were cut (also used by refills)."""
+        check_held_version(self.engine, self.policy_version, f"global step {self.global_step}")
         with self.timer("rollout"):
             exp, cut = self.sample(batch, self.group_size, self.sampling, seed, self.hparams.seed_per_prompt,
                                    self.micro_batching.check_fits)
-        exp.policy_version = getattr(self.engine, "policy_version", self.policy_version)
+        exp.policy_version = self.engine.policy_version
         exp = call_hook(self.trainer, self, "on_rollout_end", exp)
         with self.timer("rewards"):
             failures = collect.score(exp, self.rewards, TrainerState.of(self._trainer))
@@ -135,7 +146,7 @@ class MakeExperience:
     def _max_context(self) -> int | None:
         """Prompt + episode tokens at most: the engine's context (vLLM's ``max_model_len``) or
         the model's positions, whichever is smaller."""
-        limits = [getattr(self.engine, "max_model_len", None),
+        limits = [self.engine.max_model_len,
                   getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)]
         limits = [int(x) for x in limits if isinstance(x, int)]
         return min(limits) if limits else None

@@ -170,8 +170,8 @@ def test_the_checker_catches_what_it_should(tmp_path):
                    "`RLModule.refill` `RLModule.no_such` `module.knobs.kl_coef` `module.knobs.beta` "
                    "`module.rollout_engine` `timing/rollout` `torch.no_such` `rollout/vllm/` `rollout/nowhere/` "
                    "`lightning_rlpt.hooks.call_hook` `lightning_rlpt.hooks.nope` `algorithms.kl` `Experience.info` "
-                   "`model.lr` `model.weights.policy_weights` `engine.generate` `engine.last_sync`\n"
+                   "`model.lr` `model.weights.policy_weights` `engine.generate` `engine.last_sync` `engine.no_such`\n"
                    "```python\n`_common.global_sum`\n```\n")
     assert broken(str(doc)) == sorted(["_common.global_mean", "lightning_rlpt/logprobs.py", "RLModule.no_such",
                                        "module.knobs.beta", "rollout/nowhere/", "lightning_rlpt.hooks.nope",
-                                       "engine.last_sync"])
+                                       "engine.no_such"])

@@ -49,7 +49,8 @@ from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..generation_kwargs import check_vllm_kwargs
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
-from .checks import check_head_dim, check_tensor_parallel, context_length, head_dim, import_vllm, model_config
+from ..context import context_length, model_config
+from .checks import check_head_dim, check_tensor_parallel, head_dim, import_vllm
 
 LOGPROBS_MODE = "processed_logprobs"
 OVERRIDES = ("temperature", "top_p", "top_k", "max_tokens", "stop")
@@ -130,6 +131,10 @@ class VLLMEngine(RolloutEngine):
         >>> engine.generate([[1, 4, 5, 13]], SamplingConfig(max_new_tokens=4), seed=0).completion_ids  # doctest: +SKIP
         [[7, 9, 2]]
     """
+
+    return_logprobs = True  # every completion comes with the sampled tokens' log-probs
+    # can_run_ahead stays False: the engine shares the trainer's process and device, and its
+    # `generate` from a worker thread beside training is untested.
 
     def __init__(self, model: str, *, eos_token_id: int, max_model_len: int, dtype: Any = "float32",
                  gpu_memory_utilization: float = 0.3, tensor_parallel_size: int = 1,

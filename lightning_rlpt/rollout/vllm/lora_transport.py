@@ -48,7 +48,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .client import ServerFailure, ServerPool
+from ..server_pool import ServerFailure, ServerPool
 from .transport import tensor_bytes
 
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed --max-lora-rank values

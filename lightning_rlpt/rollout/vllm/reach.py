@@ -18,7 +18,7 @@ import socket
 import requests
 import torch.distributed as dist
 
-from .ranks import world
+from ..ranks import world
 
 
 class UnreachableServer(ConnectionError):

@@ -43,9 +43,9 @@ from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..generation_kwargs import check_server_kwargs
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
-from .client import ServerFailure, ServerPool
+from ..server_pool import ServerFailure, ServerPool
 from .engine import OVERRIDES
-from .ranks import lead_then_share
+from ..ranks import lead_then_share
 from .server import VLLMServer
 from .transport import SnapshotTransport
 
@@ -67,6 +67,9 @@ class RemoteVLLMEngine(RolloutEngine):
     ``last_sync`` holds ``{"bytes": ..., "seconds": ...}`` of the latest sync, ``where`` (set by
     the callback) names the trainer step in errors, ``pool.dead`` the servers that failed.
     """
+
+    return_logprobs = True  # every completion comes with the sampled tokens' log-probs
+    can_run_ahead = True  # the servers hold their own weights: a worker may sample while the trainer updates
 
     def __init__(self, urls: list[str], *, eos_token_id: int, transport: Any = None,
                  servers: list[VLLMServer] | None = None, sync_every: int = 1,
@@ -105,7 +108,7 @@ class RemoteVLLMEngine(RolloutEngine):
     # ---------------------------------------------------------------- start-up checks
     def check_model(self, policy: torch.nn.Module, tokenizer: Any, needed_len: int) -> None:
         """Refuse servers whose model cannot be the policy's (vocabulary, depth, context)."""
-        from .checks import model_config
+        from ..context import model_config
 
         config = model_config(policy)
         vocab = int(policy.get_input_embeddings().weight.shape[0]) if hasattr(policy, "get_input_embeddings") \

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,16 +32,10 @@ from typing import Any, Iterator
 
 import requests
 
+from ..ports import free_port
 from .engine import LOGPROBS_MODE
 
 GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")  # run as a script: no package import
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def server_command(model: str, port: int, *, dtype: str = "float32", max_model_len: int = 128,

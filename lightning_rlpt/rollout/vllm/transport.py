@@ -40,7 +40,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .client import ServerFailure, ServerPool
+from ..server_pool import ServerFailure, ServerPool
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -1,0 +1,48 @@
+"""`VLLMServerRollout(connect_timeout=...)`: the bound on opening a connection (a host whose link is
+down sends no refusal) is the user's to set, refused when not positive, and reaches the engine's
+server pool, checked against a real HTTP server on loopback that answers the model listing."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from lightning_rlpt.callbacks import VLLMServerRollout
+from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
+
+
+class Models(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = json.dumps({"data": [{"id": "served"}]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def models_url():
+    server = HTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("value", [0, -1.0])
+def test_a_connect_timeout_that_is_not_positive_is_refused_at_construction(value):
+    with pytest.raises(ValueError, match=rf"connect_timeout must be > 0 seconds \(got 600.0, 600.0, 60.0, {value}\)"):
+        VLLMServerRollout(urls=["http://127.0.0.1:9"], connect_timeout=value)
+
+
+def test_the_connect_timeout_reaches_the_engines_server_pool(models_url):
+    callback = VLLMServerRollout(urls=[models_url], connect_timeout=2.5, request_timeout=30.0)
+    engine = RemoteVLLMEngine([models_url], eos_token_id=2, **callback.pool_kwargs)
+    try:
+        assert engine.pool.model == "served"
+        assert engine.pool.connect_timeout == 2.5 and engine.pool.timeouts(30.0) == (2.5, 30.0)
+    finally:
+        engine.close()
