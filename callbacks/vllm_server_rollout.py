@@ -105,9 +105,12 @@ class VLLMServerRollout(EngineCallback):
             raise ValueError(f"launch num_servers must be >= 1 (got {launch['num_servers']})")
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1 optimizer steps (got {sync_every}); 1 is on-policy")
-        if min(request_timeout, control_timeout, warn_after, connect_timeout) <= 0:
-            raise ValueError(f"request_timeout, control_timeout, warn_after and connect_timeout must be > 0 seconds "
-                             f"(got {request_timeout}, {control_timeout}, {warn_after}, {connect_timeout})")
+        if min(request_timeout, control_timeout, warn_after) <= 0:
+            raise ValueError(f"request_timeout, control_timeout and warn_after must be > 0 seconds (got "
+                             f"{request_timeout}, {control_timeout}, {warn_after})")
+        if connect_timeout <= 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds (got {connect_timeout}): it bounds opening a "
+                             "connection to a server, so a host whose link is down fails fast")
         if lora_sync not in LORA_SYNC_MODES:
             raise ValueError(f"lora_sync must be one of {LORA_SYNC_MODES} (got {lora_sync!r})")
         check_staleness(max_staleness, sync_every)

@@ -10,12 +10,15 @@ At the end of training batch ``j`` (all its optimizer steps done and synced) the
     trainer   | train b0 (v0) | sync v1 | train b1 (v0) | sync v2 | train b2 (v1) | ...
     servers   | gen b1 (v0)   |  idle   | gen b2 (v1)   |  idle   | gen b3 (v2)   | ...   (k = 1)
 
-Generation pauses around a weight update: before every sync the pipeline waits for the batch in
-flight, so a batch is never sampled with two versions (vLLM's ``/pause?mode=keep`` would freeze
-requests and finish them on the new weights, mixing versions inside one completion; the client
-side drain gives what ``/pause?mode=wait`` gives without the extra routes). The servers hold one
-version at a time, so a batch's generation can only overlap the one training batch before the
-next sync: ``k = 1`` buys all the overlap there is; ``k > 1`` only adds staleness.
+Any engine that declares ``can_run_ahead`` (it samples from its own copy of the weights: vLLM
+servers, or an engine of your own) can be wrapped; `callbacks.EngineCallback` does it for
+``max_staleness=k``. Generation pauses around a weight update: before every sync the pipeline
+waits for the batch in flight, so a batch is never sampled with two versions (vLLM's
+``/pause?mode=keep`` would freeze requests and finish them on the new weights, mixing versions
+inside one completion; the client side drain gives what ``/pause?mode=wait`` gives without the
+extra routes). The engine holds one version at a time, so a batch's generation can only overlap
+the one training batch before the next sync: ``k = 1`` buys all the overlap there is; ``k > 1``
+only adds staleness.
 
 The pipeline needs the prompts of future batches: `Lookahead` iterates an independent copy of
 the training loader (same dataset, sampler copied and set to the epoch, same collate), which

@@ -34,7 +34,7 @@ def models_url():
 
 @pytest.mark.parametrize("value", [0, -1.0])
 def test_a_connect_timeout_that_is_not_positive_is_refused_at_construction(value):
-    with pytest.raises(ValueError, match=rf"connect_timeout must be > 0 seconds \(got 600.0, 600.0, 60.0, {value}\)"):
+    with pytest.raises(ValueError, match=rf"connect_timeout must be > 0 seconds \(got {value}\)"):
         VLLMServerRollout(urls=["http://127.0.0.1:9"], connect_timeout=value)
 
 
