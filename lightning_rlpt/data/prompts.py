@@ -152,7 +152,12 @@ def collate_prompts(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
 class ResumableLoader(DataLoader):
     """A DataLoader whose ``state_dict`` records the batches consumed this epoch; after
     ``load_state_dict`` the next epoch iteration skips them, so a run resumed mid-epoch sees
-    the same prompts as one that never stopped."""
+    the same prompts as one that never stopped.
+
+    A checkpoint taken after the epoch's last batch (every N steps landing there, or at epoch
+    end) records the whole epoch consumed. Lightning then resumes in the *next* epoch, so there
+    is nothing to skip: skipping there would drop that epoch too and train on the one after.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -172,7 +177,8 @@ class ResumableLoader(DataLoader):
         return {"consumed": self._consumed}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self._skip = int(state.get("consumed", 0))
+        consumed = int(state.get("consumed", 0))
+        self._skip = 0 if consumed >= len(self) else consumed  # a finished epoch: Lightning starts the next
 
 
 class PromptDataModule(L.LightningDataModule):

@@ -45,7 +45,12 @@ def check_held_version(engine: Any, trainer_version: int, where: str) -> None:
     """Before a training rollout the engine holds the weights of at most ``sync_every - 1`` steps
     ago, and never of a step the trainer has not taken."""
     behind = trainer_version - int(engine.held_version)
-    if not 0 <= behind < engine.sync_every:
+    if behind < 0:
+        raise RuntimeError(
+            f"the rollout engine {type(engine).__name__} holds step {engine.held_version}'s weights at {where}, which "
+            f"the trainer (at step {trainer_version}) has not reached: its policy_version runs ahead of the versions "
+            "it was sent (sync_weights must set policy_version to the version it copied)")
+    if behind >= engine.sync_every:
         raise RuntimeError(
             f"the rollout engine {type(engine).__name__} holds step {engine.held_version}'s weights at {where}, "
             f"but the policy is at step {trainer_version} with sync_every={engine.sync_every}: a weight sync was "

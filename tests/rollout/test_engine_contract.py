@@ -42,6 +42,13 @@ class Ahead(Counting):
         self.held, self.policy_version = version, version + 1
 
 
+class Overcounting(Counting):
+    """Records one step past the version it was sent, held weights included (the base's held_version)."""
+
+    def sync_weights(self, weights, version, force=False):
+        self.policy_version = version + 1
+
+
 class Duck:
     """An engine that does not subclass RolloutEngine: what it declares is all the module can read."""
 
@@ -147,6 +154,16 @@ def test_a_version_running_ahead_of_the_trainer_is_refused(warm_start_dir, arith
                                            r"engine's policy_version runs ahead of the weights it was sent"):
         fit(module, arithmetic_rows, steps=3, callback=callback)
     assert module.policy_version == 1  # the step-1 rollout was refused before its update
+
+
+def test_held_weights_ahead_of_the_trainer_are_refused_before_the_rollout(warm_start_dir, arithmetic_rows):
+    module = make_module(warm_start_dir)
+    engine = hf(Overcounting)(module)
+    with pytest.raises(RuntimeError, match=r"the rollout engine Overcounting holds step 2's weights at global step 1, "
+                                           r"which the trainer \(at step 1\) has not reached: its policy_version "
+                                           r"runs ahead"):
+        fit(module, arithmetic_rows, steps=3, engine=engine)
+    assert engine.generated == 1 and module.policy_version == 1
 
 
 def test_running_ahead_needs_an_engine_that_declares_can_run_ahead(warm_start_dir, arithmetic_rows):
