@@ -40,6 +40,7 @@ from ..quiet import quiet_fit
 from .step_metrics import add_metrics, clip_extremes, reduce_extremes
 from .timing import seconds_since
 
+EMPTY_BATCHES_LIMIT = 1000  # empty batches in a row that stop a run whose loader has no length
 PROGRESS_BAR = ("reward", "kl", "entropy", "throughput/tokens_per_s")
 
 
@@ -50,7 +51,9 @@ class PolicyUpdate:
         start = time.perf_counter()
         exp = self.make_experience(batch)
         if exp is None:
+            self._count_empty_batch()
             return None
+        self._empty_batches = 0
         opt = self.optimizers()
         totals: dict[str, float] = {}
         steps = 0
@@ -80,6 +83,24 @@ class PolicyUpdate:
         if self.hparams.entropy_coef:  # TRL logs it whenever the bonus is on; once, not per micro-batch
             metrics["entropy_coef"] = self.hparams.entropy_coef
         self._log_dict(metrics, prog_bar_keys=PROGRESS_BAR)
+
+    # Training batches in a row that the hooks left empty (each skips its step).
+    _empty_batches: int = 0
+
+    def _count_empty_batch(self) -> None:
+        """An empty batch takes no optimizer step, so the Trainer's ``max_steps`` comes no nearer: a
+        run whose every batch is emptied would loop over epochs forever. A whole epoch of them in a
+        row (the same count on every rank: the ranks agreed to skip) stops the run instead."""
+        self._empty_batches += 1
+        epoch = self.trainer.num_training_batches
+        limit = int(epoch) if epoch != float("inf") else EMPTY_BATCHES_LIMIT
+        if self._empty_batches >= max(limit, 1):
+            raise RuntimeError(
+                f"the last {self._empty_batches} training batches (a whole epoch) were all empty after the RL hooks, "
+                f"so no optimizer step was taken since global step {self.trainer.global_step} and max_steps would "
+                "never be reached. A filter drops every row (e.g. dynamic filtering when every group's rewards are "
+                "equal: a reward that cannot tell completions apart, or a task far too easy or too hard); check the "
+                "rewards of the last batches (reward, frac_reward_zero_std) and the callbacks that remove rows")
 
     def accumulate_gradients(self, minibatch: Experience) -> dict[str, float]:
         """Zero the gradients, then forward and backward every micro-batch of ``minibatch``;
