@@ -8,7 +8,9 @@ groups, so group statistics stay local and exact). Loss denominators are summed 
 FSDP2 (``fully_shard``) shards every decoder layer and then the whole policy over the mesh's
 data-parallel dimension; the frozen reference of a full fine-tune is sharded the same way.
 ``transformers.generate`` then all-gathers layers forward by forward, and every rank must run
-the same number of forwards, hence ``synced_gpus`` in `rollout.hf.HFGenerateEngine`.
+the same number of forwards, hence ``synced_gpus`` in `rollout.hf.HFGenerateEngine`, which also
+runs ``generate`` as a root forward (`run_as_root_forward`): a peft policy's ``generate`` calls
+the inner model, outside the root's hooks.
 Log-probs run the decoder and then the (fused) LM head as a registered forward method of the
 root unit (`run_as_root_forward`), not through the root's ``forward``.
 """

@@ -6,7 +6,7 @@ from torch import nn
 from transformers import (LogitsProcessor, LogitsProcessorList, MinPLogitsWarper,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from ..model.distributed import is_sharded, world_size
+from ..model.distributed import is_sharded, run_as_root_forward, world_size
 from ..padding import left_pad
 from .engine import RolloutEngine, RolloutOutput, WeightSource, cut_at_eos
 from .generation_kwargs import check_hf_kwargs
@@ -59,15 +59,11 @@ class HFGenerateEngine(RolloutEngine):
         device = next(self.policy.parameters()).device
         ids, mask = left_pad(prompt_ids, self.pad_token_id, device)
         sampler = RowSampler(seeds if sampling.temperature > 0 else None, ids.shape[1], self.return_logprobs)
-        was_training = self.policy.training
-        self.policy.eval()
-        try:
-            out = self.policy.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens,
-                eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, return_dict_in_generate=True,
-                synced_gpus=world_size() > 1 and is_sharded(self.policy), **_sampling_kwargs(sampling, mask, sampler))
-        finally:
-            self.policy.train(was_training)
+        sharded = is_sharded(self.policy)
+        out = _eval_generate(self.policy, sharded, input_ids=ids, attention_mask=mask,
+                             max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_token_id,
+                             pad_token_id=self.pad_token_id, return_dict_in_generate=True,
+                             synced_gpus=world_size() > 1 and sharded, **_sampling_kwargs(sampling, mask, sampler))
         new = out.sequences[:, ids.shape[1]:]
         completions = [cut_at_eos(row, self.eos_token_id) for row in new.tolist()]
         logprobs = None
@@ -75,6 +71,26 @@ class HFGenerateEngine(RolloutEngine):
             picked = torch.stack(sampler.logprobs, dim=1).tolist()
             logprobs = [row[: len(c)] for row, c in zip(picked, completions)]
         return RolloutOutput(completions, logprobs)
+
+
+def _eval_generate(policy: nn.Module, sharded: bool, **kwargs):
+    """``policy.generate(**kwargs)`` in eval mode (its training mode restored after).
+
+    FSDP2 gathers the root unit's own parameters (embeddings, final norm, head) only in hooks
+    around the root's forward. A full fine-tune's ``generate`` calls the root itself; a peft
+    policy's calls the inner model (``PeftModel.generate`` -> ``base_model.generate``), which met
+    sharded embeddings ("mixed torch.Tensor and DTensor"). So a sharded policy generates as a root
+    forward (`run_as_root_forward`); nested in it, a full fine-tune's own root calls find the
+    parameters gathered.
+    """
+    was_training = policy.training
+    policy.eval()
+    try:
+        if sharded:
+            return run_as_root_forward(policy, lambda: policy.generate(**kwargs))
+        return policy.generate(**kwargs)
+    finally:
+        policy.train(was_training)
 
 
 def agreed_count(count: int, policy: nn.Module) -> int:
