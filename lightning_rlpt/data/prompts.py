@@ -150,35 +150,49 @@ def collate_prompts(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 class ResumableLoader(DataLoader):
-    """A DataLoader whose ``state_dict`` records the batches consumed this epoch; after
-    ``load_state_dict`` the next epoch iteration skips them, so a run resumed mid-epoch sees
-    the same prompts as one that never stopped.
+    """A DataLoader whose ``state_dict`` records the batches consumed this epoch and the epoch;
+    after ``load_state_dict`` the iteration of that same epoch skips them, so a run resumed
+    mid-epoch sees the same prompts as one that never stopped.
 
-    A checkpoint taken after the epoch's last batch (every N steps landing there, or at epoch
-    end) records the whole epoch consumed. Lightning then resumes in the *next* epoch, so there
-    is nothing to skip: skipping there would drop that epoch too and train on the one after.
+    A checkpoint taken after an epoch's last batch (every N steps landing there, at epoch end, or
+    at ``limit_train_batches``) makes Lightning resume in the *next* epoch, where there is
+    nothing to skip: skipping there would drop that epoch's first batches and silently train on
+    others. The epoch is the sampler's (``set_epoch``, which Lightning calls before each
+    epoch); a sampler without one, or a checkpoint from before the epoch was recorded, falls back
+    to "a whole epoch consumed skips nothing".
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._consumed = 0
-        self._skip = 0
+        self._consumed, self._epoch = 0, None
+        self._skip: tuple[int, int | None] = (0, None)  # (batches, the epoch they belong to)
 
     def __iter__(self):
-        skip, self._skip = self._skip, 0
-        self._consumed = 0
+        (skip, epoch), self._skip = self._skip, (0, None)
+        self._epoch, self._consumed = self._sampler_epoch(), 0
+        if epoch is not None and epoch != self._epoch:
+            skip = 0  # Lightning resumed in a later epoch: the recorded one was finished
         for i, batch in enumerate(super().__iter__()):
             if i < skip:
                 continue
             self._consumed = i + 1
             yield batch
 
+    def _sampler_epoch(self) -> int | None:
+        epoch = getattr(self.sampler, "epoch", None)
+        return int(epoch) if isinstance(epoch, int) else None
+
     def state_dict(self) -> dict[str, int]:
-        return {"consumed": self._consumed}
+        state = {"consumed": self._consumed}
+        if self._epoch is not None:
+            state["epoch"] = self._epoch
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        consumed = int(state.get("consumed", 0))
-        self._skip = 0 if consumed >= len(self) else consumed  # a finished epoch: Lightning starts the next
+        consumed, epoch = int(state.get("consumed", 0)), state.get("epoch")
+        if epoch is None and consumed >= len(self):  # no epoch recorded: a finished epoch skips nothing
+            consumed = 0
+        self._skip = (consumed, epoch)
 
 
 class PromptDataModule(L.LightningDataModule):

@@ -32,6 +32,21 @@ def test_a_checkpoint_at_an_epoch_end_resumes_into_the_next_epoch(warm_start_dir
     assert_same_run(straight, resumed)
 
 
+def test_a_checkpoint_at_the_batch_limit_resumes_into_the_next_epoch(warm_start_dir, arithmetic_rows, tmp_path):
+    """limit_train_batches=2 of 3: the epoch ends after 2 batches, short of the loader's length, so
+    only the recorded epoch tells the loader the resumed iteration is a new one."""
+    seen = []
+    straight, resumed = straight_and_resumed(
+        tmp_path,
+        lambda: RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=2, lr=1e-3, seed=5,
+                         kl_coef=0.0, generation=dict(max_new_tokens=3, max_prompt_length=8)),
+        lambda: PromptDataModule(arithmetic_rows[:ROWS], batch_size=4, seed=7),
+        lambda: [Batches(seen)], n=2, limit_train_batches=2)
+    assert [epoch for _, epoch, _ in seen[:4]] == [0, 0, 1, 1]
+    assert seen[4:] == seen[:4]
+    assert_same_run(straight, resumed)
+
+
 def test_a_loader_restored_with_its_whole_epoch_consumed_yields_the_next_epoch_whole(arithmetic_rows):
     data = PromptDataModule(arithmetic_rows[:ROWS], batch_size=4, seed=7)
     data.setup("fit")
@@ -42,3 +57,7 @@ def test_a_loader_restored_with_its_whole_epoch_consumed_yields_the_next_epoch_w
     assert len(list(loader)) == 3
     loader.load_state_dict({"consumed": 2})  # mid-epoch: the rest of it
     assert len(list(loader)) == 1
+    loader.load_state_dict({"consumed": 2, "epoch": 0})  # recorded in epoch 0, iterated in epoch 1: all of it
+    assert len(list(loader)) == 3
+    loader.load_state_dict({"consumed": 2, "epoch": 1})  # the same epoch: the rest of it
+    assert len(list(loader)) == 1 and loader.state_dict() == {"consumed": 3, "epoch": 1}
