@@ -17,7 +17,9 @@ per optimizer step, only when both options are on.
 """
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from contextlib import nullcontext
 from typing import Any
 
@@ -83,6 +85,24 @@ class PolicyUpdate:
         if self.hparams.entropy_coef:  # TRL logs it whenever the bonus is on; once, not per micro-batch
             metrics["entropy_coef"] = self.hparams.entropy_coef
         self._log_dict(metrics, prog_bar_keys=PROGRESS_BAR)
+        self._warn_overshoot(steps)
+
+    # Set once a batch's step count was found not to divide max_steps (`_warn_overshoot`).
+    _warned_overshoot: bool = False
+
+    def _warn_overshoot(self, steps: int) -> None:
+        """Lightning compares ``max_steps`` with the optimizer steps only between batches, and a batch
+        takes ``steps`` of them (``updates_per_rollout`` × mini-batches): say once, on the first such
+        batch, that the run will end past ``max_steps``, and by how much."""
+        limit = self.trainer.max_steps
+        if self._warned_overshoot or steps <= 1 or limit is None or limit <= 0 or limit % steps == 0:
+            return
+        self._warned_overshoot = True
+        end = math.ceil(limit / steps) * steps
+        warnings.warn(f"each training batch takes {steps} optimizer steps (updates_per_rollout × mini-batches), and "
+                      f"max_steps={limit} is not a multiple of {steps}: Lightning checks max_steps between batches, so "
+                      f"this run will take {end} optimizer steps. Set max_steps={end - steps} or {end} to say what "
+                      "you will get", UserWarning, stacklevel=2)
 
     # Training batches in a row that the hooks left empty (each skips its step).
     _empty_batches: int = 0
