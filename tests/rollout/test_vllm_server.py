@@ -118,6 +118,18 @@ def test_an_adapter_the_servers_cannot_hold_is_refused_before_training(servers, 
     assert engine_over(servers[:1]).pool.get(url, "/weight_info")["weight_version"] == "updating-0"
 
 
+def test_an_adapter_folder_the_server_cannot_read_is_named_with_the_fix(servers, warm_start_dir):
+    """A server on another host without the trainer's filesystem cannot read the adapter folder: vLLM
+    answers "No adapter found", and the error says so (not the LoRA serving flags)."""
+    module = make_module(warm_start_dir, lora=dict(r=4, lora_alpha=8))
+    engine, missing = engine_over(servers[:1]), "/nonexistent/rlpt-adapters/0"
+    transport = AdapterTransport(None, module.policy)
+    with pytest.raises(ValueError, match=rf"vLLM server {servers[0].url} cannot read the LoRA adapter folder "
+                                         rf"{missing} the trainer wrote .*No adapter found for {missing}.*"
+                                         r"AdapterTransport\('/shared/run/adapters', module.policy\)"):
+        transport._load(engine.pool, servers[0].url, "policy-v99", missing, None)
+
+
 def test_two_servers_give_the_same_rollout_as_one(servers, warm_start_dir, arithmetic_rows):
     module = make_module(warm_start_dir)
     both, one = engine_over(servers), engine_over(servers[:1])

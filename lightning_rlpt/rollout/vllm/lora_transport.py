@@ -220,6 +220,13 @@ class AdapterTransport:
         except ServerFailure as err:
             if url in pool.dead:  # unreachable: the pool's own error already names it
                 raise
+            if "No adapter found for" in str(err):  # vLLM's LoRAAdapterNotFoundError: the path, not the flags
+                raise ValueError(
+                    f"vLLM server {url} cannot read the LoRA adapter folder {body.get('lora_path')} the trainer wrote "
+                    f"({route} at {pool.where}: {err}). Trainer and servers must see the same files at the same path: "
+                    "pass VLLMServerRollout(transport=AdapterTransport('/shared/run/adapters', module.policy)) on a "
+                    "filesystem every trainer and rollout host mounts (NFS, Lustre, ...), or lora_sync='merged' with "
+                    "transport=SnapshotTransport('/shared/run/weights')") from err
             rank = lora_rank(self.policy)
             raise ValueError(
                 f"vLLM server {url} refused the LoRA adapter (rank {rank}) on {route} at {pool.where}: {err}. Start "
