@@ -18,14 +18,19 @@ class Batches(RLCallback):
         self.seen.append((trainer.global_step, trainer.current_epoch, list(batch["index"])))
 
 
-def test_a_checkpoint_at_an_epoch_end_resumes_into_the_next_epoch(warm_start_dir, arithmetic_rows, tmp_path):
-    seen = []
-    straight, resumed = straight_and_resumed(
+def resume_run(warm_start_dir, arithmetic_rows, tmp_path, seen, **kwargs):
+    """`straight_and_resumed` of a tiny run whose batches ``seen`` records."""
+    return straight_and_resumed(
         tmp_path,
         lambda: RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=2, lr=1e-3, seed=5,
                          kl_coef=0.0, generation=dict(max_new_tokens=3, max_prompt_length=8)),
         lambda: PromptDataModule(arithmetic_rows[:ROWS], batch_size=4, seed=7),
-        lambda: [Batches(seen)], n=3)
+        lambda: [Batches(seen)], **kwargs)
+
+
+def test_a_checkpoint_at_an_epoch_end_resumes_into_the_next_epoch(warm_start_dir, arithmetic_rows, tmp_path):
+    seen = []
+    straight, resumed = resume_run(warm_start_dir, arithmetic_rows, tmp_path, seen, n=3)
     straight_batches, resumed_batches = seen[:6], seen[6:9] + seen[9:]
     assert [epoch for _, epoch, _ in straight_batches] == [0, 0, 0, 1, 1, 1]
     assert resumed_batches == straight_batches  # step 3 onward: epoch 1's batches, not epoch 2's
@@ -36,12 +41,7 @@ def test_a_checkpoint_at_the_batch_limit_resumes_into_the_next_epoch(warm_start_
     """limit_train_batches=2 of 3: the epoch ends after 2 batches, short of the loader's length, so
     only the recorded epoch tells the loader the resumed iteration is a new one."""
     seen = []
-    straight, resumed = straight_and_resumed(
-        tmp_path,
-        lambda: RLModule(warm_start_dir, reward_funcs=[task.exact_answer], group_size=2, lr=1e-3, seed=5,
-                         kl_coef=0.0, generation=dict(max_new_tokens=3, max_prompt_length=8)),
-        lambda: PromptDataModule(arithmetic_rows[:ROWS], batch_size=4, seed=7),
-        lambda: [Batches(seen)], n=2, limit_train_batches=2)
+    straight, resumed = resume_run(warm_start_dir, arithmetic_rows, tmp_path, seen, n=2, limit_train_batches=2)
     assert [epoch for _, epoch, _ in seen[:4]] == [0, 0, 1, 1]
     assert seen[4:] == seen[:4]
     assert_same_run(straight, resumed)
