@@ -8,7 +8,7 @@ import lightning as L
 
 from lightning_rlpt.hooks import RLCallback, check_module
 from lightning_rlpt.rollout.contract import check_engine
-from lightning_rlpt.rollout.pipeline import RolloutPipeline
+from lightning_rlpt.rollout.pipeline import RolloutPipeline, check_max_staleness
 
 
 class EngineCallback(RLCallback):
@@ -152,20 +152,6 @@ class EngineCallback(RLCallback):
 
     def cleanup(self) -> None:
         """Remove what the callback made besides its engine (nothing by default)."""
-
-
-def check_max_staleness(max_staleness: Any) -> None:
-    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
-        raise ValueError(f"max_staleness must be an int >= 0 (got {max_staleness!r}): 0 samples each batch when it "
-                         "trains, k >= 1 generates the next k batches while the trainer updates")
-
-
-def check_staleness(max_staleness: Any, sync_every: int) -> None:
-    """``max_staleness`` and ``sync_every`` checked together, where a callback takes both."""
-    check_max_staleness(max_staleness)
-    if max_staleness and sync_every != 1:
-        raise ValueError(f"max_staleness={max_staleness} with sync_every={sync_every}: both make rollouts stale; "
-                         "use one of them (max_staleness with sync_every=1, or sync_every with max_staleness=0)")
 
 
 def refuse_async_with(trainer: L.Trainer, module: L.LightningModule, max_staleness: int) -> None:

@@ -13,6 +13,7 @@ from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.context import context_length, model_config
+from lightning_rlpt.rollout.pipeline import check_staleness
 from lightning_rlpt.rollout.ranks import lead_then_share
 from lightning_rlpt.rollout.vllm.checks import check_head_dim
 from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, vllm_dtype
@@ -24,7 +25,7 @@ from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer, sigterm_raises
 from lightning_rlpt.rollout.vllm.transport import SnapshotTransport, write_snapshot
 
-from .engine_callback import EngineCallback, check_staleness, refuse_async_with  # noqa: F401 - imported from here too
+from .engine_callback import EngineCallback, refuse_async_with  # noqa: F401 - imported from here too
 
 LAUNCH_KEYS = ("num_servers", "max_model_len", "kv_cache_memory_bytes", "dtype", "startup_timeout", "extra_args",
                "log_dir", "seed", "env")

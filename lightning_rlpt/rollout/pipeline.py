@@ -119,6 +119,20 @@ class Pending:
         return self.output
 
 
+def check_max_staleness(max_staleness: Any) -> None:
+    if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
+        raise ValueError(f"max_staleness must be an int >= 0 (got {max_staleness!r}): 0 samples each batch when it "
+                         "trains, k >= 1 generates the next k batches while the trainer updates")
+
+
+def check_staleness(max_staleness: Any, sync_every: int) -> None:
+    """``max_staleness`` and an engine's ``sync_every``, checked together: both make rollouts stale."""
+    check_max_staleness(max_staleness)
+    if max_staleness and sync_every != 1:
+        raise ValueError(f"max_staleness={max_staleness} with sync_every={sync_every}: both make rollouts stale; "
+                         "use one of them (max_staleness with sync_every=1, or sync_every with max_staleness=0)")
+
+
 def keyed_seed(seed: int, n: int) -> int:
     """Batch ``n``'s rollout seed: a function of ``(seed, n)`` alone, so a resumed run draws the same."""
     digest = hashlib.sha256(repr((int(seed), int(n))).encode()).digest()
@@ -146,9 +160,7 @@ class RolloutPipeline(RolloutEngine):
                              f"the trainer updates the policy; {type(engine).__name__} does not declare can_run_ahead "
                              "(an engine sampling from the live policy would read weights mid-update). Use "
                              "max_staleness=0 with it")
-        if engine.sync_every != 1:
-            raise ValueError(f"max_staleness={max_staleness} with sync_every={engine.sync_every}: both make rollouts "
-                             "stale; use one of them (max_staleness with sync_every=1, or sync_every with max_staleness=0)")
+        check_staleness(max_staleness, engine.sync_every)
         self.inner, self.max_staleness, self.seed = engine, int(max_staleness), int(seed)
         self.queue: deque[Pending] = deque()
         self.submitted = 0  # batches submitted over the run (keys the seeds)
