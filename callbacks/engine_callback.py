@@ -81,6 +81,10 @@ class EngineCallback(RLCallback):
 
     # ---------------------------------------------------------------- training
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Under sharded strategies (FSDP2) Lightning restores a checkpoint after on_fit_start: the
+        # engine may hold the weights from before it. Sync before anything is generated ahead.
+        if self.engine is not None and self.engine.policy_version != pl_module.policy_version:
+            pl_module.sync_engine()
         if self.pipeline is not None:
             self.pipeline.start(trainer.train_dataloader, trainer.current_epoch, pl_module.tokenizer,
                                 pl_module.sampling, pl_module.group_size)

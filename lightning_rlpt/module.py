@@ -349,6 +349,9 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         park_offloaded(self.reference)  # reference_offload: back to CPU memory after the strategy moved the module
         self.check_engine()  # after the callbacks' on_fit_start: theirs is installed and synced
 
+    def on_train_start(self) -> None:
+        self.sync_if_behind()  # a sharded checkpoint is restored after on_fit_start
+
     def _trainable(self) -> list[nn.Parameter]:
         return [p for p in self.policy.parameters() if p.requires_grad]
 

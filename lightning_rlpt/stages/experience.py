@@ -71,9 +71,14 @@ class MakeExperience:
 
     def check_engine(self) -> None:
         """At fit start: the installed engine against the `RolloutEngine` contract (what is missing
-        is named); an engine holding other weights than the policy's (a resumed run, an engine
-        installed by hand) receives them now, before the first rollout."""
+        is named), then `sync_if_behind`."""
         check_engine(self.engine)
+        self.sync_if_behind()
+
+    def sync_if_behind(self) -> None:
+        """An engine holding other weights than the policy's (a resumed run, an engine installed by
+        hand) receives them now. Called at fit start and again at train start: under sharded
+        strategies (FSDP2) Lightning restores the checkpoint only after ``on_fit_start``."""
         if self.engine.held_version != self.policy_version:
             self.sync_engine()
 
