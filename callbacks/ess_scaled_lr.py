@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from lightning_rlpt.algorithms.numerics import safe_ratio
+from lightning_rlpt.algorithms.correction import sequence_weights
 from lightning_rlpt.hooks import RLCallback
 from lightning_rlpt.model.distributed import reduce_over_ranks
 
@@ -84,11 +84,6 @@ class ESSScaledLR(RLCallback):
         self._base_lrs: list[float] | None = None  # while the scaled LR is in place
 
     # ------------------------------------------------------------------ the formula
-    @staticmethod
-    def sequence_weights(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``[N]`` sequence IS weights ``exp(Σ_t mask·(old − behaviour))`` (log clamped to ±MAX_LOG_RATIO)."""
-        return safe_ratio(((old.detach().double() - behaviour.double()) * mask.double()).sum(-1))
-
     def scale_for(self, weights: torch.Tensor, trainer: Any = None) -> tuple[float, float]:
         """(ρ, LR factor) for the global mini-batch whose local weights are ``weights``."""
         w = weights.clamp(max=self.truncation) if self.use_truncated else weights
@@ -118,7 +113,7 @@ class ESSScaledLR(RLCallback):
     def on_before_loss(self, trainer, module, minibatch):
         self._restore(trainer)
         mask = module.loss_mask(minibatch)
-        weights = self.sequence_weights(self._old(minibatch), self._behaviour(minibatch), mask)
+        weights = sequence_weights(self._old(minibatch), self._behaviour(minibatch), mask)
         weights = weights[trained_rows(mask).to(weights.device)]  # B counts the sequences trained on
         ratio, self._factor = self.scale_for(weights, trainer)
         log_metrics(module, "ess", {"ratio": ratio, "lr_scale": self._factor, "weight_mean": weights.mean().item(),

@@ -35,6 +35,12 @@ def log_ratio(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask
     return clamp_log_ratio(old_logprobs - behaviour_logprobs) * mask
 
 
+def sequence_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N]`` detached sequence IS weights ``exp(Σ_t mask·(old − behaviour))`` in float64, the
+    log clamped to ±MAX_LOG_RATIO (`safe_ratio`); 1 for a row without masked tokens."""
+    return safe_ratio(((old_logprobs.detach().double() - behaviour_logprobs.double()) * mask.double()).sum(-1))
+
+
 def correction_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
                        mode: str, cap: float) -> torch.Tensor:
     """``[N, C]`` detached weights for the per-token loss (see the module docstring)."""

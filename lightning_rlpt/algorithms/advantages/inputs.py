@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..numerics import safe_ratio
+from ..correction import sequence_weights
 
 if TYPE_CHECKING:  # only for the annotation: the algorithms stay free of the record's module
     from ...experience import Experience
@@ -114,7 +114,7 @@ def experience_fields(name: str, needs: tuple[str, ...], exp: "Experience",
             out[field] = _sums(_logprobs(name, exp, "old_logprobs"), mask).to(exp.rewards.dtype)
         elif field == "is_weights":
             old, behaviour = _logprobs(name, exp, "old_logprobs"), _logprobs(name, exp, "behaviour_logprobs")
-            out[field] = safe_ratio(_sums(old.detach().double() - behaviour.double(), mask)).to(exp.rewards.dtype)
+            out[field] = sequence_weights(old, behaviour, mask.to(old.device)).to(exp.rewards.dtype)
     return out
 
 
