@@ -25,20 +25,12 @@ def check_engine(engine: Any) -> None:
                         "sample from stale weights without a word. Define it to copy weights() and set "
                         "policy_version = version (an engine that samples from the policy itself records the version "
                         f"only, as HFGenerateEngine does); see {CONTRACT}")
-    missing = [a for a in ENGINE_ATTRIBUTES if not _has(engine, a)]
+    missing = [a for a in ENGINE_ATTRIBUTES if not hasattr(engine, a)]
     missing += [f"{m}()" for m in ENGINE_METHODS if not callable(getattr(engine, m, None))]
     if missing:
         raise TypeError(f"the rollout engine {name} lacks {', '.join(missing)}, which the module and callbacks read. "
                         f"Subclass lightning_rlpt.rollout.RolloutEngine (it gives each a default) or define them; "
                         f"see {CONTRACT}")
-
-
-def _has(engine: Any, attribute: str) -> bool:
-    try:
-        getattr(engine, attribute)
-    except AttributeError:
-        return False
-    return True
 
 
 def check_held_version(engine: Any, trainer_version: int, where: str) -> None:

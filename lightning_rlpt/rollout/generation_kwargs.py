@@ -127,9 +127,11 @@ def check_hf_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
     Returns:
         A copy, to pass to ``generate``.
     """
+    if not kwargs:  # the usual case, on every generate: no GenerationConfig to build
+        return {}
     from transformers import GenerationConfig
 
-    extra, known = dict(kwargs or {}), GenerationConfig()
+    extra, known = dict(kwargs), GenerationConfig()
     unknown = sorted(k for k in extra if not hasattr(known, k))
     if unknown:
         raise ValueError(f"generation_kwargs {unknown} are not transformers.GenerationConfig settings, which the HF "

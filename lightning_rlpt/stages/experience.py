@@ -38,7 +38,6 @@ class MakeExperience:
         """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
         exp, failures, cut = self.rollout_and_score(batch, self._next_seed())
         self._log_rollout(exp, failures, cut)
-        self._log_dict(staleness_metrics(self.policy_version, exp.policy_version))  # every engine, all ranks
         exp = call_hook(self.trainer, self, "on_rollout_scored", exp)
         exp = call_hook(self.trainer, self, "on_rewards_computed", exp)
         if self._any_rank_empty(len(exp)):
@@ -136,8 +135,9 @@ class MakeExperience:
         metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
                                           counts[:-1])
         self.tokens_seen += int(prompt_lengths.sum().item() + lengths.sum().item())
-        self._log_dict({**metrics, "prompts/truncated": float(counts[-1]), "num_tokens": float(self.tokens_seen)},
-                       sync=False)
+        # staleness: every engine; the ranks step together, so their versions (and lags) are equal
+        self._log_dict({**metrics, "prompts/truncated": float(counts[-1]), "num_tokens": float(self.tokens_seen),
+                        **staleness_metrics(self.policy_version, exp.policy_version)}, sync=False)
         if "turns" in exp.info:  # multi-turn episodes (rollout/episodes)
             self._log_dict(self._episode_metrics(exp), sync=False)
 

@@ -45,11 +45,11 @@ import torch
 from torch import nn
 
 from ...model.weights import policy_weights
+from ..context import context_length, model_config
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..generation_kwargs import check_vllm_kwargs
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
-from ..context import context_length, model_config
 from .checks import check_head_dim, check_tensor_parallel, head_dim, import_vllm
 
 LOGPROBS_MODE = "processed_logprobs"

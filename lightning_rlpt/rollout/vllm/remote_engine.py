@@ -39,13 +39,14 @@ from typing import Any, Iterable
 
 import torch
 
+from ..context import model_config
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..generation_kwargs import check_server_kwargs
+from ..ranks import lead_then_share
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
 from ..server_pool import ServerFailure, ServerPool
 from .engine import OVERRIDES
-from ..ranks import lead_then_share
 from .server import VLLMServer
 from .transport import SnapshotTransport
 
@@ -108,8 +109,6 @@ class RemoteVLLMEngine(RolloutEngine):
     # ---------------------------------------------------------------- start-up checks
     def check_model(self, policy: torch.nn.Module, tokenizer: Any, needed_len: int) -> None:
         """Refuse servers whose model cannot be the policy's (vocabulary, depth, context)."""
-        from ..context import model_config
-
         config = model_config(policy)
         vocab = int(policy.get_input_embeddings().weight.shape[0]) if hasattr(policy, "get_input_embeddings") \
             else int(config.vocab_size)
