@@ -103,6 +103,8 @@ def rank_main(rank: int, port: int, args, queue) -> None:
     peak = read_status_kb("VmHWM") / 1024
     queue.put(dict(rank=rank, rss_before_mb=before, peak_mb=peak, step_mb=peak - before, wall_s=wall))
     dist.barrier()
+    del model  # it holds the process group: freed at exit, gloo can abort (tests/scripts/fsdp2_fused_head.py)
+    gc.collect()
     dist.destroy_process_group()
 
 
