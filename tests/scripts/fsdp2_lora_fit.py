@@ -1,13 +1,13 @@
 """A short GRPO fit of a LoRA policy (r = 4 on the demo's warm start) with the default
 `HFGenerateEngine`, run as its own script (Lightning's launcher re-runs it once per rank):
 
-    python tests/scripts/fsdp2_lora_fit.py --strategy single|ddp|fsdp2 --out DIR [--steps N]
+    python tests/scripts/fsdp2_lora_fit.py --strategy single|ddp|fsdp2 --out DIR [--steps N] [--quantization nf4]
 
 Each rank writes ``rollouts_rank{r}.json``: per rollout, its rows as ``[dataset index, row in
 the group, completion token ids]``; and ``lora_rank{r}.pt``: every trainable (LoRA) parameter
 after the fit, gathered whole from FSDP2's shards. Rows are seeded per prompt
 (``seed_per_prompt=True``), so two ranks with 2 prompts each sample what one process with the 4
-prompts samples.
+prompts samples. ``--quantization nf4`` loads the base in 4 bits (QLoRA, bitsandbytes).
 """
 import argparse
 import functools
@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--strategy", choices=["single", "ddp", "fsdp2"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--quantization", choices=["nf4"], default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     devices = 1 if args.strategy == "single" else 2
@@ -55,6 +56,7 @@ def main() -> None:
                 "fsdp2": L.pytorch.strategies.ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
     module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"), reward_funcs=[task.exact_answer],
                       group_size=4, optimizer=functools.partial(torch.optim.SGD, lr=LR), seed=3, seed_per_prompt=True, lora=dict(r=4, lora_alpha=8),
+                      quantization=args.quantization,
                       generation=dict(max_new_tokens=4, max_prompt_length=8))
     train, _ = task.split_pairs()
     recorder = RolloutRecorder()
