@@ -42,7 +42,10 @@ from ..quiet import quiet_fit
 from .step_metrics import add_metrics, clip_extremes, reduce_extremes
 from .timing import seconds_since
 
-EMPTY_BATCHES_LIMIT = 1000  # empty batches in a row that stop a run whose loader has no length
+# Empty batches in a row that stop a run: a whole epoch of them, but at least EMPTY_BATCHES_MIN (in a
+# short epoch a few can be chance: dynamic filtering early on) and at most EMPTY_BATCHES_LIMIT (also
+# the count for a loader without a length).
+EMPTY_BATCHES_MIN, EMPTY_BATCHES_LIMIT = 100, 1000
 PROGRESS_BAR = ("reward", "kl", "entropy", "throughput/tokens_per_s")
 
 
@@ -110,13 +113,15 @@ class PolicyUpdate:
     def _count_empty_batch(self) -> None:
         """An empty batch takes no optimizer step, so the Trainer's ``max_steps`` comes no nearer: a
         run whose every batch is emptied would loop over epochs forever. A whole epoch of them in a
-        row (the same count on every rank: the ranks agreed to skip) stops the run instead."""
+        row, bounded as the constants above say (the same count on every rank: the ranks agreed to
+        skip), stops the run instead."""
         self._empty_batches += 1
         epoch = self.trainer.num_training_batches
-        limit = int(epoch) if epoch != float("inf") else EMPTY_BATCHES_LIMIT
-        if self._empty_batches >= max(limit, 1):
+        limit = min(max(int(epoch), EMPTY_BATCHES_MIN), EMPTY_BATCHES_LIMIT) if epoch != float("inf") \
+            else EMPTY_BATCHES_LIMIT
+        if self._empty_batches >= limit:
             raise RuntimeError(
-                f"the last {self._empty_batches} training batches (a whole epoch) were all empty after the RL hooks, "
+                f"the last {self._empty_batches} training batches in a row were all empty after the RL hooks, "
                 f"so no optimizer step was taken since global step {self.trainer.global_step} and max_steps would "
                 "never be reached. A filter drops every row (e.g. dynamic filtering when every group's rewards are "
                 "equal: a reward that cannot tell completions apart, or a task far too easy or too hard); check the "
