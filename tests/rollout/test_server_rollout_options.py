@@ -7,6 +7,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+import tiny_task as task
+from conftest import quiet_trainer
+from lightning_rlpt import RLModule
 from lightning_rlpt.callbacks import VLLMServerRollout
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 
@@ -14,7 +17,7 @@ from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 class Models(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - http.server's name
         body = json.dumps({"data": [{"id": "served"}]}).encode()
-        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_response(200 if self.path in ("/v1/models", "/health") else 404)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -38,11 +41,18 @@ def test_a_connect_timeout_that_is_not_positive_is_refused_at_construction(value
         VLLMServerRollout(urls=["http://127.0.0.1:9"], connect_timeout=value)
 
 
-def test_the_connect_timeout_reaches_the_engines_server_pool(models_url):
+def test_the_connect_timeout_reaches_the_engines_server_pool(models_url, warm_start_dir):
+    """The callback's own setup builds the engine: it is installed, then refused by the model
+    check (this server names no max_model_len); the pool it built carries the timeouts."""
     callback = VLLMServerRollout(urls=[models_url], connect_timeout=2.5, request_timeout=30.0)
-    engine = RemoteVLLMEngine([models_url], eos_token_id=2, **callback.pool_kwargs)
+    module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer])
+    trainer = quiet_trainer(max_steps=1, callbacks=[callback])
     try:
-        assert engine.pool.model == "served"
+        with pytest.raises(ValueError, match="has max_model_len=None"):
+            callback.setup(trainer, module, "fit")
+        engine = callback.engine
+        assert isinstance(engine, RemoteVLLMEngine) and engine.pool.model == "served"
         assert engine.pool.connect_timeout == 2.5 and engine.pool.timeouts(30.0) == (2.5, 30.0)
     finally:
-        engine.close()
+        callback.teardown(trainer, module, "fit")
+    assert callback.engine is None and module.rollout_engine is None
