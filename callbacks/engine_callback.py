@@ -56,13 +56,12 @@ class EngineCallback(RLCallback):
         """Make ``engine`` the module's rollout engine (through a pipeline when ``max_staleness``)."""
         check_module(self, module)
         ahead = self.max_staleness and trainer.state.fn == "fit"
-        if ahead:
-            refuse_async_with(trainer, module, self.max_staleness)
         # Installed before the checks, so an engine that fails them is still closed at teardown.
         self._previous, self.engine, self._serving = module.rollout_engine, engine, engine
         module.rollout_engine = engine
         check_engine(engine)
         if ahead:
+            refuse_async_with(trainer, module, self.max_staleness)
             self.pipeline = RolloutPipeline(engine, self.max_staleness, seed=self.async_seed)
             if self._pipeline_state is not None:
                 self.pipeline.load_state_dict(self._pipeline_state)
@@ -83,7 +82,7 @@ class EngineCallback(RLCallback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Under sharded strategies (FSDP2) Lightning restores a checkpoint after on_fit_start: the
         # engine may hold the weights from before it. Sync before anything is generated ahead.
-        if self.engine is not None and self.engine.policy_version != pl_module.policy_version:
+        if self.engine is not None and self.engine.held_version != pl_module.policy_version:
             pl_module.sync_engine()
         if self.pipeline is not None:
             self.pipeline.start(trainer.train_dataloader, trainer.current_epoch, pl_module.tokenizer,
@@ -107,7 +106,7 @@ class EngineCallback(RLCallback):
         if self.pipeline is not None:
             self.pipeline.drain()  # the batch in flight finishes as a training rollout
         self.engine.phase = "validation"
-        if self.engine.policy_version != pl_module.policy_version:
+        if self.engine.held_version != pl_module.policy_version:
             pl_module.sync_engine()  # validation scores the policy being trained, not a stale copy
 
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
@@ -148,6 +147,7 @@ class EngineCallback(RLCallback):
                 self.pipeline = None
             self.close_engine(self.engine)
             self.engine, self._previous, self._serving = None, None, None
+        self._pipeline_state = None  # a checkpoint's queue belongs to the fit that restored it
         self.cleanup()
 
     def close_engine(self, engine: Any) -> None:

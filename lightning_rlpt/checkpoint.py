@@ -96,7 +96,7 @@ def save_state(module: Any, checkpoint: dict[str, Any]) -> None:
     checkpoint["lightning_rlpt"] = {
         "policy_version": module.policy_version, "rollout_draws": module.rollout_draws,
         "tokens_seen": module.tokens_seen, "knobs": module.knobs.state_dict(), "model_source": module.model_source,
-        "algorithm": algorithm_settings(module), "checksums": checksums}
+        "algorithm": algorithm_settings(module), "checksums": checksums, "engine_held_version": held_version(module)}
 
 
 def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
@@ -116,10 +116,30 @@ def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
         warnings.warn(f"this checkpoint was written by an older lightning_rlpt and lacks {older}: settings and "
                       "tensors are not checked, and the rollout stream continues from its policy version instead "
                       "of where the run left it", stacklevel=2)
+    if fitting:
+        warn_between_syncs(state.get("engine_held_version"), state["policy_version"])
     module.policy_version = state["policy_version"]
     module.rollout_draws = state.get("rollout_draws", state["policy_version"])
     module.tokens_seen = state.get("tokens_seen", 0)  # num_tokens: older checkpoints did not count
     module.knobs.load_state_dict(state.get("knobs", state))  # older checkpoints kept the knobs at the top
+
+
+def held_version(module: Any) -> int:
+    """The step whose weights the rollout engine held (the policy's, before any engine exists)."""
+    engine = module.rollout_engine
+    return int(engine.held_version) if engine is not None else int(module.policy_version)
+
+
+def warn_between_syncs(held: int | None, version: int) -> None:
+    """A checkpoint saved between two weight syncs (``sync_every > 1``) holds the policy but not
+    the older weights the engine sampled with; the resumed engine receives the policy's, so the
+    rollouts until the next sync are sampled fresher than in an uninterrupted run. Said, not refused:
+    training stays correct, only the exact replay is lost."""
+    if held is not None and held < version:
+        warnings.warn(f"this checkpoint (step {version}) was saved between weight syncs: the rollout engine held step "
+                      f"{held}'s weights, which a checkpoint does not keep. The resumed engine gets step {version}'s, "
+                      "so rollouts until the next sync differ from an uninterrupted run's. For an exact resume with "
+                      "sync_every=k, checkpoint at multiples of k (ModelCheckpoint(every_n_train_steps=k))", stacklevel=2)
 
 
 def compare_algorithm(saved: dict[str, Any] | None, now: dict[str, Any], overrides: Iterable[str]) -> None:

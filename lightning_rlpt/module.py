@@ -28,7 +28,6 @@ from .model.logprobs import check_head, check_padding_free
 from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
 from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
-from .model.weights import policy_weights
 from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory, run_steps
 from .quiet import hide_lightning_tips
 from .rewards import RewardFunctions, TrainerState
@@ -310,12 +309,6 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         """Roll out and score dataset ``rows`` (every callback's ``on_rollout_end`` runs): the
         entry point for filters that top up a batch (``CurriculumSampler``)."""
         return self.rollout_and_score(collate_prompts(rows), seed)[0]
-
-    def sync_engine(self, force: bool = True) -> None:
-        """Hand the current weights to the rollout engine. Callbacks that move the policy outside
-        an optimizer step (a reference reset) call it with ``force`` (the default), which copies
-        even where an engine would skip this version (``sync_every``)."""
-        self.engine.sync_weights(lambda: policy_weights(self.policy), self.policy_version, force=force)
 
     def _agree_count(self, count: int) -> int:
         """Under FSDP2 each forward gathers parameters, so every rank runs as many as the rank with

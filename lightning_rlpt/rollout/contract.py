@@ -50,11 +50,25 @@ def check_held_version(engine: Any, trainer_version: int, where: str) -> None:
             "stale weights")
 
 
-def staleness_metrics(trainer_version: int, sampled_version: int) -> dict[str, float]:
+def check_synced(engine: Any, version: int, where: str) -> None:
+    """After a forced sync the engine holds ``version``: a sync that did not land would leave
+    validation (or the next rollouts) on older weights without a word."""
+    if int(engine.held_version) != int(version):
+        raise RuntimeError(f"the rollout engine {type(engine).__name__} was sent step {version}'s weights at {where} "
+                           f"but holds step {engine.held_version}'s: its sync_weights(weights, version, force=True) "
+                           f"must copy them and set policy_version = version; see {CONTRACT}")
+
+
+def staleness_metrics(trainer_version: int, sampled_version: int, bound: int) -> dict[str, float]:
     """``async/staleness/{mean,max}``: optimizer steps between the weights a batch was sampled with
-    and the trainer's (0 on-policy; up to ``sync_every - 1``, or the pipeline's schedule)."""
+    and the trainer's (0 on-policy; up to ``bound``: ``sync_every - 1`` plus the pipeline's
+    ``max_staleness``). A lag outside ``[0, bound]`` is refused, not logged."""
     lag = float(trainer_version - sampled_version)
     if lag < 0:
         raise RuntimeError(f"a rollout claims step {sampled_version}'s weights while the policy is at step "
                            f"{trainer_version}: the engine's policy_version runs ahead of the weights it was sent")
+    if lag > bound:
+        raise RuntimeError(f"a rollout was sampled with step {sampled_version}'s weights and would train at step "
+                           f"{trainer_version}, {int(lag)} steps stale; sync_every and max_staleness allow {bound}. "
+                           "A sync was skipped, or a restored rollout was generated further ahead than this run allows")
     return {"async/staleness/mean": lag, "async/staleness/max": lag}

@@ -244,12 +244,21 @@ class RolloutPipeline(RolloutEngine):
         """The finished future rollouts (the one in flight is waited for) and the schedule's position."""
         self.drain()
         position = (self.lookahead.epoch, self.lookahead.index) if self.lookahead else self.position
-        return {"submitted": self.submitted, "position": position,
+        return {"submitted": self.submitted, "position": position, "max_staleness": self.max_staleness,
                 "pending": [dict(batch=e.batch, prompt_ids=e.prompt_ids, seed=e.seed, version=e.version,
                                  completion_ids=e.output.completion_ids, logprobs=e.output.logprobs)
                             for e in self.queue]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the rollouts generated ahead. A checkpoint generated further ahead than this run
+        allows is refused: its batches would train staler than ``max_staleness`` says (a larger
+        ``max_staleness`` is fine: the pipeline tops its queue up)."""
+        saved = int(state.get("max_staleness", len(state["pending"]) - 1))  # older states: the queue's length
+        if saved > self.max_staleness:
+            raise ValueError(f"this checkpoint's rollout pipeline generated {saved} batches ahead (max_staleness={saved}), "
+                             f"this run allows {self.max_staleness}: its restored batches would train up to {saved} "
+                             f"steps stale. Resume with max_staleness={saved} (it cannot shrink mid-run), or start a new "
+                             "run from these weights with the lower value")
         self.submitted, self.position = int(state["submitted"]), tuple(state["position"])
         self.queue = deque(Pending(p["batch"], p["prompt_ids"], p["seed"], p["version"],
                                    RolloutOutput(p["completion_ids"], p["logprobs"])) for p in state["pending"])

@@ -18,9 +18,10 @@ from ..model.loading import reference_context
 from ..model.distributed import reduce_over_ranks
 from ..model.logprobs import completion_logprobs
 from ..model.reference import onloaded
+from ..model.weights import policy_weights
 from ..rewards import TrainerState
 from ..rollout import collect
-from ..rollout.contract import check_engine, check_held_version, staleness_metrics
+from ..rollout.contract import check_engine, check_held_version, check_synced, staleness_metrics
 from ..rollout.episodes.agent import info_metrics
 from ..rollout.episodes.rollout import rollout_episodes
 
@@ -73,6 +74,20 @@ class MakeExperience:
         is named), then `sync_if_behind`."""
         check_engine(self.engine)
         self.sync_if_behind()
+
+    def sync_engine(self, force: bool = True) -> None:
+        """Hand the current weights to the rollout engine. Callbacks that move the policy outside
+        an optimizer step (a reference reset) call it with ``force`` (the default), which copies
+        even where an engine would skip this version (``sync_every``); a forced sync must land."""
+        self.engine.sync_weights(lambda: policy_weights(self.policy), self.policy_version, force=force)
+        if force:
+            check_synced(self.engine, self.policy_version, f"global step {self.global_step}")
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most steps a training rollout may lag the trainer: ``sync_every - 1`` plus what a
+        pipeline generates ahead (``max_staleness``)."""
+        return int(self.engine.sync_every) - 1 + int(self.engine.max_staleness)
 
     def sync_if_behind(self) -> None:
         """An engine holding other weights than the policy's (a resumed run, an engine installed by
@@ -137,7 +152,7 @@ class MakeExperience:
         self.tokens_seen += int(prompt_lengths.sum().item() + lengths.sum().item())
         # staleness: every engine; the ranks step together, so their versions (and lags) are equal
         self._log_dict({**metrics, "prompts/truncated": float(counts[-1]), "num_tokens": float(self.tokens_seen),
-                        **staleness_metrics(self.policy_version, exp.policy_version)}, sync=False)
+                        **staleness_metrics(self.policy_version, exp.policy_version, self.staleness_bound)}, sync=False)
         if "turns" in exp.info:  # multi-turn episodes (rollout/episodes)
             self._log_dict(self._episode_metrics(exp), sync=False)
 

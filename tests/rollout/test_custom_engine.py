@@ -100,6 +100,7 @@ class CopyRollout(EngineCallback):
     `EngineCallback`); ``engines`` keeps each one built, for the tests to inspect."""
 
     requires = (*EngineCallback.requires, "policy")
+    engine_class = CopyEngine
 
     def __init__(self, sync_every: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -107,8 +108,8 @@ class CopyRollout(EngineCallback):
 
     def setup(self, trainer, pl_module, stage):
         policy = pl_module.policy
-        engine = CopyEngine(policy.config, lambda: policy_weights(policy), pl_module.policy_version,
-                            pl_module.tokenizer.eos_token_id, self.sync_every)
+        engine = self.engine_class(policy.config, lambda: policy_weights(policy), pl_module.policy_version,
+                                   pl_module.tokenizer.eos_token_id, self.sync_every)
         self.engines.append(engine)
         self.install(trainer, pl_module, engine)
 

@@ -12,7 +12,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule
 from lightning_rlpt.callbacks import CurriculumSampler
-from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.contract import staleness_metrics
 from resume_utils import assert_same_run, straight_and_resumed
 from test_custom_engine import CopyEngine, CopyRollout, Versions, make_module
@@ -105,12 +104,7 @@ class Forgetful(CopyEngine):
 
 
 class ForgetfulRollout(CopyRollout):
-    def setup(self, trainer, pl_module, stage):
-        policy = pl_module.policy
-        engine = Forgetful(policy.config, lambda: policy_weights(policy), pl_module.policy_version,
-                           pl_module.tokenizer.eos_token_id, self.sync_every)
-        self.engines.append(engine)
-        self.install(trainer, pl_module, engine)
+    engine_class = Forgetful
 
 
 def test_a_forced_sync_that_does_not_land_is_refused(warm_start_dir, arithmetic_rows, held_out_rows):
