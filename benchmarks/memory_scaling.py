@@ -57,7 +57,7 @@ layer's whole forward in the backward, so it cannot lower the peak: the checkpoi
 that the caps hold with checkpointing on, not what checkpointing saves in a deep model.
 
     python benchmarks/memory_scaling.py --paths one-pass,micro --repeats 2 \
-        --results benchmarks/results/memory_scaling_80k  # the README's first table (38 min)
+        --results benchmarks/results/memory_scaling_80k  # docs/results.md's first memory table (38 min)
     python benchmarks/memory_scaling.py --sizes 3x4x16,3x16x16 --repeats 2  # with TRL (49 min) -> results/
     python benchmarks/memory_scaling.py --render          # rebuild the .md from the JSON
 Needs ``pip install -e ".[bench]"`` for the TRL rows (trl, a benchmark peer, not a dependency).

@@ -3,7 +3,7 @@
 Both engines sample the same rollout shape as a GRPO step (16 prompts × 8 completions × 32 new
 tokens, fp32, temperature 1) from the same randomly initialised Llama (4 layers × 256 wide,
 head_dim 64), once with the arithmetic demo's 15-symbol vocabulary and once padded to 32,000
-entries, since the LM head dominates at realistic vocabularies (the README's profile of a
+entries, since the LM head dominates at realistic vocabularies (docs/results.md's profile of a
 GRPO step shows it). Completions end at EOS or ``--new-tokens``: with 15 symbols a
 random model stops early (EOS has p ≈ 1/15 per token), with 32,000 almost never; the rate
 counts the tokens actually generated (``transformers.generate`` keeps stepping finished rows
@@ -11,12 +11,15 @@ until the longest one ends, which is part of what is measured).
 
     python benchmarks/rollout_throughput.py            # ~2-3 minutes on 2 CPU cores
     python benchmarks/rollout_throughput.py --reps 5 --vocabs 15
+    python benchmarks/rollout_throughput.py --json benchmarks/results/rollout_throughput.json  # docs/results.md's
 
-Prints a markdown table.
+Prints a markdown table (`rollout_throughput_report.table`); ``--json`` also writes the figures.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import sys
 import tempfile
@@ -30,6 +33,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import task  # noqa: E402
+from rollout_throughput_report import table  # noqa: E402
 from lightning_rlpt.rollout import HFGenerateEngine  # noqa: E402
 from lightning_rlpt.rollout.sampling import SamplingConfig  # noqa: E402
 
@@ -83,18 +87,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    rows = [(vocab, *r) for vocab in args.vocabs for r in measure(vocab, args)]
-    n = args.prompts * args.group_size
-    print(f"\n{n} completions × {args.new_tokens} new tokens, Llama 4×256 (head_dim 64), fp32, "
-          f"{torch.get_num_threads()} torch threads, median of {args.reps}\n")
-    print("| vocab | engine | s / rollout | mean length | generated tokens/s | vs generate |")
-    print("|---:|---|---:|---:|---:|---:|")
-    base = {}
-    for vocab, name, seconds, tokens in rows:
-        rate = tokens / seconds
-        base.setdefault(vocab, rate)
-        print(f"| {vocab:,} | {name} | {seconds:.2f} | {tokens / n:.1f} | {rate:,.0f} | {rate / base[vocab]:.1f}× |")
+    rows = [dict(vocab=vocab, engine=name, seconds=seconds, tokens=tokens)
+            for vocab in args.vocabs for name, seconds, tokens in measure(vocab, args)]
+    data = dict(rows=rows, prompts=args.prompts, group_size=args.group_size, new_tokens=args.new_tokens,
+                reps=args.reps, threads=torch.get_num_threads(), date=datetime.date.today().isoformat(),
+                cpus=os.cpu_count(), torch=torch.__version__, load_after=os.getloadavg()[0])
+    print("\n" + table(data))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
 
 
 if __name__ == "__main__":

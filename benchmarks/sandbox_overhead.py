@@ -52,7 +52,7 @@ def one_run(variant: str) -> callable:
         folder = tempfile.mkdtemp(prefix="rlpt-bench-")
         old = previous_sandbox(folder)
         return lambda: old.run_in_sandbox(CODE, TESTS, timeout=10).passed == (True,) * 3
-    from lightning_rlpt.rewards.sandbox import Limits, run_program, run_tests
+    from lightning_rlpt.rewards.code.sandbox import Limits, run_program, run_tests
     if variant == "bwrap-stdio":
         return lambda: run_program(PROGRAM, "1 2\n", Limits(timeout=10)).stdout == "3\n"
     return lambda: run_tests(CODE, TESTS, Limits(timeout=10), sandbox=variant).passed == (True,) * 3

@@ -21,6 +21,7 @@ _WHERE = {
     "RewardDithering": "reward_dithering",
     "BAPO": "bapo",
     "CompletionSamples": "completion_samples",
+    "CollectiveWatchdog": "collective_watchdog",
 }
 
 __all__ = ["RLCallback", *_WHERE]

@@ -1,7 +1,6 @@
 """Small helpers the seed-method callbacks share (not part of the public API)."""
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
@@ -49,7 +48,7 @@ def global_token_mean(trainer: Any, mask: torch.Tensor, *values: torch.Tensor) -
         mask: ``[N, C]`` 1 on the tokens to average.
         values: ``[N, C]`` per-token values, one mean each.
 
-    Example:
+    Examples:
         >>> mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
         >>> global_token_mean(None, mask, torch.tensor([[1.0, 3.0], [9.0, 9.0]]))
         [2.0]
@@ -63,10 +62,3 @@ def global_token_mean(trainer: Any, mask: torch.Tensor, *values: torch.Tensor) -
 def trained_rows(mask: torch.Tensor) -> torch.Tensor:
     """``[N]`` bool: the rows with at least one token of ``mask`` (a masked truncated row has none)."""
     return mask.sum(-1) > 0
-
-
-def seeded_generator(*keys: int) -> torch.Generator:
-    """A generator determined by ``keys`` alone (e.g. seed, step, rank): streams that differ per
-    rank and per step, yet need no saved state to resume exactly — only the keys."""
-    digest = hashlib.sha256(repr(tuple(int(k) for k in keys)).encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)

@@ -35,7 +35,7 @@ class AccuracyConditionedKL(RLCallback):
 
     Logs ``akl/accuracy`` (this rollout), ``akl/accuracy_smoothed`` and ``akl/kl_coef``.
 
-    Example:
+    Examples:
         >>> from lightning_rlpt.callbacks import AccuracyConditionedKL
         >>> akl = AccuracyConditionedKL(kl_min=0.0, kl_max=0.1, midpoint=0.5, steepness=10)
         >>> round(akl.coefficient(0.5), 4), round(akl.coefficient(0.9), 4)

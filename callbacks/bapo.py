@@ -59,7 +59,7 @@ class BAPO(RLCallback):
 
     Logs ``bapo/c_low``, ``bapo/c_high``, ``bapo/pos_neg_ratio`` (at the chosen bounds).
 
-    Example:
+    Examples:
         >>> from lightning_rlpt.callbacks import BAPO
         >>> bapo = BAPO(target_ratio=1.0, low_bounds=(0.6, 0.7), high_bounds=(1.2, 1.3))
         >>> [(round(lo, 2), round(hi, 2)) for lo, hi in bapo.search_path()]

@@ -32,7 +32,7 @@ class CompletionSamples(RLCallback):
         max_chars: cut prompts and completions to this many characters in logger tables
             (the CSV keeps them whole).
 
-    Example:
+    Examples:
         >>> trainer = L.Trainer(callbacks=[CompletionSamples(every_n_steps=10, num_samples=4)])  # doctest: +SKIP
     """
 

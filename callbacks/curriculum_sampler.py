@@ -8,8 +8,9 @@ import torch
 
 from lightning_rlpt.data.samplers import WeightedEpochSampler
 from lightning_rlpt.hooks import RLCallback
+from lightning_rlpt.seeding import keyed_generator
 
-from ._common import log_metrics, require, seeded_generator
+from ._common import log_metrics, require
 
 WEIGHTINGS = ("gaussian", "beta", "sqrt_variance", "length", None)
 USES = ("sampling", "loss")
@@ -85,7 +86,7 @@ class CurriculumSampler(RLCallback):
     prompts observed so far), ``curriculum/weight_mean`` (loss mode) and, with filtering,
     ``curriculum/{zero_variance_groups, refill_rounds, kept_groups}``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from lightning_rlpt.callbacks import CurriculumSampler
         >>> cs = CurriculumSampler(weighting="beta", alpha=1.0, beta=1.0, min_weight=0.0, use_as="loss")
@@ -242,9 +243,9 @@ class CurriculumSampler(RLCallback):
         while rounds < self.max_refill_rounds and self._global_max(trainer, target - kept.num_groups) > 0:
             rounds += 1
             need = self._global_max(trainer, target - kept.num_groups)
-            drawn = self._draw(need * world, seeded_generator(self.seed, self.rollouts, rounds))
+            drawn = self._draw(need * world, keyed_generator("curriculum", self.seed, self.rollouts, rounds))
             rows = [self._dataset[i] for i in drawn[rank * need:(rank + 1) * need]]
-            seed = int(torch.randint(0, 2**62, (1,), generator=seeded_generator(self.seed, self.rollouts, rounds, rank)))
+            seed = int(torch.randint(0, 2**62, (1,), generator=keyed_generator("curriculum", self.seed, self.rollouts, rounds, rank)))
             more = module.refill(rows, seed)
             more_scores = self._observe_experience(trainer, module, more)
             good = self._informative(more_scores)[: max(target - kept.num_groups, 0)]

@@ -8,15 +8,15 @@ import lightning as L
 
 from lightning_rlpt.hooks import RLCallback, check_module
 from lightning_rlpt.rollout.contract import check_engine
-from lightning_rlpt.rollout.pipeline import RolloutPipeline, check_max_staleness
+from lightning_rlpt.rollout.pipeline import RolloutPipeline, check_staleness
 
 
 class EngineCallback(RLCallback):
     """Base of the callbacks that give the module a rollout engine (docs/architecture.md,
     "Adding a rollout engine").
 
-    A subclass builds its engine in ``setup`` and calls ``self.install(trainer, pl_module, engine)``;
-    everything else is done here:
+    A subclass builds its engine in ``setup`` and calls ``self.install(trainer, pl_module, engine)``
+    (first `check_fit`, when building the engine is costly); everything else is done here:
 
     - the engine is checked against the `RolloutEngine` contract (`rollout.contract.check_engine`)
       and becomes ``module.rollout_engine``; the previous one is put back at ``teardown`` or on an
@@ -34,7 +34,9 @@ class EngineCallback(RLCallback):
     Args:
         max_staleness: batches generated ahead of the one training (0: each batch is sampled when it
             trains). Needs one trainer process, no multi-turn episodes, no `CurriculumSampler`.
-        async_seed: keys the rollout seeds of batches generated ahead (`rollout.pipeline.keyed_seed`).
+        async_seed: keys the rollout seeds of batches generated ahead (`seeding`'s ``ahead`` stream).
+        sync_every: the engine's, when the subclass knows it before building the engine: then
+            ``max_staleness`` with ``sync_every > 1`` is refused at construction, else at `install`.
     """
 
     requires = ("rollout_engine", "policy_version", "sync_engine", "tokenizer", "sampling", "group_size", "episodes")
@@ -47,21 +49,35 @@ class EngineCallback(RLCallback):
     _serving: Any = None  # what the module samples through: the engine, or the pipeline around it
     _pipeline_state: dict[str, Any] | None = None  # a checkpoint's, until the pipeline exists
 
-    def __init__(self, *, max_staleness: int = 0, async_seed: int = 0):
-        check_max_staleness(max_staleness)
-        self.max_staleness, self.async_seed = max_staleness, int(async_seed)
+    def __init__(self, *, max_staleness: int = 0, async_seed: int = 0, sync_every: int | None = None):
+        # The one check of max_staleness: with the engine's sync_every when the subclass knows it
+        # now (else at install, from the engine).
+        check_staleness(max_staleness, sync_every)
+        self.max_staleness, self.async_seed, self._sync_every = max_staleness, int(async_seed), sync_every
+        self._checked = False
 
     # ---------------------------------------------------------------- installing
+    def check_fit(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        """The module's surface, and what cannot run ahead of training: refused once per fit, by
+        `install` at the latest; a subclass that starts something costly (servers) calls it first."""
+        if self._checked:
+            return
+        check_module(self, module)
+        if self.max_staleness and trainer.state.fn == "fit":
+            refuse_async_with(trainer, module, self.max_staleness)
+        self._checked = True
+
     def install(self, trainer: L.Trainer, module: L.LightningModule, engine: Any) -> None:
         """Make ``engine`` the module's rollout engine (through a pipeline when ``max_staleness``)."""
-        check_module(self, module)
         ahead = self.max_staleness and trainer.state.fn == "fit"
         # Installed before the checks, so an engine that fails them is still closed at teardown.
         self._previous, self.engine, self._serving = module.rollout_engine, engine, engine
         module.rollout_engine = engine
+        self.check_fit(trainer, module)
         check_engine(engine)
         if ahead:
-            refuse_async_with(trainer, module, self.max_staleness)
+            if self._sync_every is None:
+                check_staleness(self.max_staleness, engine.sync_every)
             self.pipeline = RolloutPipeline(engine, self.max_staleness, seed=self.async_seed)
             if self._pipeline_state is not None:
                 self.pipeline.load_state_dict(self._pipeline_state)
@@ -148,6 +164,7 @@ class EngineCallback(RLCallback):
             self.close_engine(self.engine)
             self.engine, self._previous, self._serving = None, None, None
         self._pipeline_state = None  # a checkpoint's queue belongs to the fit that restored it
+        self._checked = False  # the next fit is checked afresh
         self.cleanup()
 
     def close_engine(self, engine: Any) -> None:

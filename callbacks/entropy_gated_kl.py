@@ -64,7 +64,7 @@ class EntropyGatedKL(RLCallback):
     phase_multiplier, threshold, gate, kl_coef}`` (``phase``: index into warmup, climbing,
     converged, plateau).
 
-    Example:
+    Examples:
         >>> from lightning_rlpt.callbacks import EntropyGatedKL
         >>> safe = EntropyGatedKL(penalty_scale=0.1, warmup_steps=10)
         >>> round(safe.observe(mean_reward=0.5, kl=0.8, entropy=1.0)["threshold"], 4)

@@ -58,7 +58,7 @@ class ESSScaledLR(RLCallback):
     Logs ``ess/ratio`` (ρ), ``ess/lr_scale`` (the factor applied to the LR),
     ``ess/weight_mean`` and ``ess/weight_max`` (untruncated), ``ess/truncated_weight_mean``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from lightning_rlpt.callbacks import ESSScaledLR
         >>> ess = ESSScaledLR(rule="linear")

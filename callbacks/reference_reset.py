@@ -52,7 +52,7 @@ class ReferenceReset(RLCallback):
     Logs ``ref_reset/best`` (best monitored value), ``ref_reset/resets`` and ``ref_reset/syncs``
     (counts so far).
 
-    Example:
+    Examples:
         >>> from lightning_rlpt.callbacks import ReferenceReset
         >>> vapr = ReferenceReset(mode="best", monitor="val/accuracy", every_n_validations=3)
         >>> trpo = ReferenceReset(mode="soft", alpha=0.6, every_n_steps=512)

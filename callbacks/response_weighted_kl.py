@@ -37,7 +37,7 @@ class ResponseWeightedKL(RLCallback):
 
     Logs ``rer/weight_mean``, ``rer/weight_min``, ``rer/weight_max``, ``rer/ref_entropy``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from lightning_rlpt.callbacks import ResponseWeightedKL
         >>> rer = ResponseWeightedKL()

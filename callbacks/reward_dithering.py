@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from lightning_rlpt.hooks import RLCallback
+from lightning_rlpt.seeding import keyed_generator
 
-from ._common import log_metrics, require, seeded_generator
+from ._common import log_metrics, require
 
 DISTRIBUTIONS = ("gaussian", "uniform")
 DECAYS = (None, "linear", "cosine", "exponential")
@@ -45,7 +46,7 @@ class RewardDithering(RLCallback):
 
     Logs ``redit/scale``, ``redit/noise_mean`` and ``redit/noise_std`` (of this rollout's draw).
 
-    Example:
+    Examples:
         >>> from lightning_rlpt.callbacks import RewardDithering
         >>> dither = RewardDithering(scale=0.05, distribution="uniform", decay="linear", decay_steps=100)
         >>> dither.scale_at(50)
@@ -83,7 +84,7 @@ class RewardDithering(RLCallback):
 
     def noise(self, n: int, scale: float, rollout: int = 0, rank: int = 0) -> torch.Tensor:
         """``n`` draws at ``scale`` for this rollout and rank (float32, CPU)."""
-        g = seeded_generator(self.seed, rollout, rank)
+        g = keyed_generator("dithering", self.seed, rollout, rank)
         if self.distribution == "gaussian":
             return torch.randn(n, generator=g) * scale
         return (torch.rand(n, generator=g) * 2 - 1) * scale

@@ -6,7 +6,6 @@ from typing import Any
 
 import lightning as L
 
-from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype, refuse_fp16_on_cpu
 from lightning_rlpt.model.weights import check_not_repacked, policy_weights
 from lightning_rlpt.rollout.context import context_length, model_config
@@ -59,7 +58,7 @@ class VLLMRollout(EngineCallback):
             teardown; e.g. one engine for several fits of the same architecture).
         **llm_kwargs: more ``vllm.LLM`` arguments.
 
-    Example:
+    Examples:
         >>> trainer = L.Trainer(max_steps=100, callbacks=[VLLMRollout(gpu_memory_utilization=0.3)])  # doctest: +SKIP
         >>> trainer.fit(module, datamodule=data)  # doctest: +SKIP
     """
@@ -91,6 +90,7 @@ class VLLMRollout(EngineCallback):
             return
         import_vllm()  # fail first, with the install command, if vLLM is missing
         refuse_fp16_on_cpu(trainer)
+        self.check_fit(trainer, pl_module)
         self._check(pl_module)
         # The precision plugin converts the policy only after setup: take the dtype from the trainer.
         options = {**self.options, "dtype": self.options["dtype"] or precision_dtype(trainer.precision)}
@@ -101,7 +101,6 @@ class VLLMRollout(EngineCallback):
             self._adopt(self._given, pl_module)
 
     def _check(self, module: L.LightningModule) -> None:
-        check_module(self, module)
         self._refuse_turn_budget_override(module)
         for param in module.policy.parameters():
             check_not_repacked(param)

@@ -9,13 +9,11 @@ from typing import Any
 import lightning as L
 import torch
 
-from lightning_rlpt.hooks import check_module
 from lightning_rlpt.model.precision import precision_dtype
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.context import context_length, model_config
-from lightning_rlpt.rollout.pipeline import check_staleness
 from lightning_rlpt.rollout.ranks import lead_then_share
-from lightning_rlpt.rollout.vllm.checks import check_head_dim
+from lightning_rlpt.rollout.vllm.checks import check_head_dim, check_native_architecture
 from lightning_rlpt.rollout.vllm.engine import export_model_dir, kv_cache_bytes, vllm_dtype
 from lightning_rlpt.rollout.vllm.lora_transport import (LORA_SYNC_MODES, AdapterTransport, adapter_transport,
                                                         launch_lora_options)
@@ -25,7 +23,7 @@ from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer, sigterm_raises
 from lightning_rlpt.rollout.vllm.transport import SnapshotTransport, write_snapshot
 
-from .engine_callback import EngineCallback, refuse_async_with  # noqa: F401 - imported from here too
+from .engine_callback import EngineCallback
 
 LAUNCH_KEYS = ("num_servers", "max_model_len", "kv_cache_memory_bytes", "dtype", "startup_timeout", "extra_args",
                "log_dir", "seed", "env")
@@ -47,7 +45,7 @@ class VLLMServerRollout(EngineCallback):
     first checks that every live server holds the weight version the trainer sent. Requests are
     balanced over the servers by outstanding tokens; a server that dies or hangs is dropped and
     its requests go to the others, and when none is left the run stops with an error naming the
-    servers and the step (`rollout.vllm.client`); a sync drops an unreachable server the same way,
+    servers and the step (`rollout.server_pool`); a sync drops an unreachable server the same way,
     and dropped servers that answer again rejoin after a full sync, a version check and the parity
     probe. Drops, returns and requests waiting past ``warn_after`` are logged as warnings, and
     ``vllm/live_servers`` every step. A LoRA policy is synced as its adapter
@@ -76,22 +74,22 @@ class VLLMServerRollout(EngineCallback):
             `rollout.vllm.lora_transport`); ``"adapter"`` insists; ``"merged"`` always merges.
         temperature / top_p / top_k / max_tokens / stop: training-rollout overrides, as `VLLMRollout`'s.
         validate: also use the servers for ``trainer.validate`` runs.
-        parity_atol: after the first sync (before training), each server's greedy tokens on a
-            probe prompt must be the policy's argmax and their log-probs within this of the
-            policy's (1e-3 suits fp32 on both sides; loosen for bf16; None skips the check).
+        parity_atol: replaced by the module's probe, which measures every server before the first
+            training rollout and every ``parity_every`` syncs: ``RLModule(parity_threshold=...)``
+            (docs/vllm.md, 'Sampling parity'). Only None is accepted.
 
-    Example:
+    Examples:
         >>> trainer = L.Trainer(callbacks=[VLLMServerRollout(launch=dict(num_servers=2))])  # doctest: +SKIP
         >>> trainer = L.Trainer(callbacks=[VLLMServerRollout(urls=["http://10.0.0.7:8000"])])  # doctest: +SKIP
     """
 
-    requires = EngineCallback.requires + ("policy", "val_sampling")
+    requires = EngineCallback.requires + ("policy", "val_sampling", "probe_rejoined")
 
     def __init__(self, *, urls: list[str] | None = None, launch: dict[str, Any] | None = None, sync_every: int = 1,
                  request_timeout: float = 600.0, control_timeout: float = 600.0, max_inflight: int = 64,
                  transport: Any = None, temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, max_tokens: int | None = None, stop: list[Any] | None = None,
-                 validate: bool = False, parity_atol: float | None = 1e-3, lora_sync: str = "auto",
+                 validate: bool = False, parity_atol: None = None, lora_sync: str = "auto",
                  max_staleness: int = 0, async_seed: int = 0, warn_after: float = 60.0,
                  connect_timeout: float = 10.0):
         if (urls is None) == (launch is None):
@@ -114,14 +112,16 @@ class VLLMServerRollout(EngineCallback):
                              "connection to a server, so a host whose link is down fails fast")
         if lora_sync not in LORA_SYNC_MODES:
             raise ValueError(f"lora_sync must be one of {LORA_SYNC_MODES} (got {lora_sync!r})")
-        check_staleness(max_staleness, sync_every)
-        super().__init__(max_staleness=max_staleness, async_seed=async_seed)
+        super().__init__(max_staleness=max_staleness, async_seed=async_seed, sync_every=sync_every)
         self.lora_sync = lora_sync
         self.urls, self.launch, self.sync_every, self.validate = urls, dict(launch or {}), sync_every, validate
         self.pool_kwargs = dict(request_timeout=request_timeout, control_timeout=control_timeout,
                                 max_inflight=max_inflight, warn_after=warn_after,
                                 connect_timeout=connect_timeout)
-        self.transport, self.parity_atol = transport, parity_atol
+        if parity_atol is not None:
+            raise ValueError(f"VLLMServerRollout(parity_atol={parity_atol!r}) is gone: the module's sampling-parity probe "
+                             "measures every server now. Set RLModule(parity_threshold=...) (default 1e-2) instead")
+        self.transport = transport
         self.overrides = {k: v for k, v in dict(temperature=temperature, top_p=top_p, top_k=top_k,
                                                  max_tokens=max_tokens, stop=stop).items() if v is not None}
         self._run_dir: str | None = None  # launch=: the export and the snapshots, removed with the servers
@@ -130,11 +130,10 @@ class VLLMServerRollout(EngineCallback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit" and not (stage == "validate" and self.validate):
             return
-        check_module(self, pl_module)
+        self.check_fit(trainer, pl_module)  # before any server is launched or contacted
         self._refuse_turn_budget_override(pl_module)
-        if self.max_staleness and stage == "fit":
-            refuse_async_with(trainer, pl_module, self.max_staleness)
         config = model_config(pl_module.policy)
+        check_native_architecture(config, "VLLMServerRollout")
         # Launched servers get the size to run with (episodes: the whole context); given ones must hold the minimum.
         needed = context_length(pl_module, self.launch.get("max_model_len"), self.overrides.get("max_tokens"), config,
                                 minimum=not self.launch)
@@ -151,8 +150,12 @@ class VLLMServerRollout(EngineCallback):
             return [s.url for s in servers]
 
         urls = lead_then_share(launch, "launching the vLLM servers") if self.launch else list(self.urls)
+        if transport is None and not self.launch:  # made here so that every rank's folder is checked below
+            transport = SnapshotTransport.under(tempfile.gettempdir())
         try:
-            check_reachable(urls)  # from every rank: one rank cut off would leave the others in a collective
+            # From every rank: one rank cut off (or unable to write its snapshot folder) would leave the others
+            # in a collective.
+            check_reachable(urls, local_problem=getattr(transport, "problem", None))
             engine = RemoteVLLMEngine(urls, eos_token_id=pl_module.tokenizer.eos_token_id, servers=servers,
                                            transport=transport, sync_every=self.sync_every,
                                            overrides=self.overrides, tie_word_embeddings=tied,
@@ -160,6 +163,8 @@ class VLLMServerRollout(EngineCallback):
         except BaseException:
             for server in servers:
                 server.stop()
+            if transport is not None:
+                transport.close()
             raise
         # With max_staleness the module samples through a pipeline (EngineCallback); the callback drives `engine`.
         self.install(trainer, pl_module, engine)  # installed first, so a failed check still closes it
@@ -200,11 +205,10 @@ class VLLMServerRollout(EngineCallback):
         if self.engine is None:
             return
         self.engine.load_weights(policy_weights(pl_module.policy), pl_module.policy_version)
-        if self.parity_atol is not None:  # refuse a server whose model only looked right
-            engine, prompt, atol = self.engine, list(range(1, min(len(pl_module.tokenizer), 9))), self.parity_atol
-            engine.check_parity(pl_module.policy, prompt, atol=atol)
-            # a server that returns after a drop is probed the same way before it samples again
-            engine.probe = lambda url: engine.check_parity(pl_module.policy, prompt, atol=atol, urls=[url])
+        # The module's parity probe measures every server before the first training rollout (and every
+        # parity_every syncs); a server that returns after a drop passes the same probe before it samples again.
+        engine = self.engine
+        engine.probe = lambda url: pl_module.probe_rejoined(engine._one_server(url))
 
     # ---------------------------------------------------------------- phases (EngineCallback: the pipeline, the
     # engine's phase and step, a sync before validation; the module: staleness, checked and logged)

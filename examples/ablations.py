@@ -13,6 +13,7 @@ policy on the 300 held-out **test** sums after training (a separate Trainer with
 
     python examples/ablations.py                 # 9 arms × 3 seeds × 120 steps: 6-12 minutes on 2 CPU cores
     python examples/ablations.py --steps 20 --seeds 0 --arms grpo safe
+    python examples/ablations.py --json benchmarks/results/ablations.json  # the figures the docs render
 
 Every arm starts from the same warm start, data order and rollout seed; only the callback
 differs. Each arm runs once per seed; the table gives the mean (± the spread between seeds). With the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
@@ -35,6 +37,8 @@ from lightning.pytorch.loggers import CSVLogger
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "arithmetic"))
 import task  # noqa: E402
+
+import ablations_report  # noqa: E402
 
 from lightning_rlpt import HFGenerateEngine, PromptDataModule, RLModule  # noqa: E402
 from lightning_rlpt.callbacks import (AccuracyConditionedKL, CurriculumSampler, EntropyGatedKL,  # noqa: E402
@@ -116,27 +120,20 @@ def combine(runs: list[dict]) -> dict:
             "seconds": sum(r["seconds"] for r in runs), "curve": curve}
 
 
-def write_table(results: dict[str, dict], args: argparse.Namespace) -> str:
-    lines = ["| arm | final test accuracy (± half the range over seeds) | Δ test vs grpo, per seed (points) | "
-             f"final dev accuracy | median steps to {args.target:.0%} dev | mean KL | mean entropy | wall s of fit (all seeds) |",
-             "|---|---|---|---|---|---|---|---|"]
-    base = results.get("grpo")
-    for name, r in results.items():
-        steps = f"{r['steps_to_target']:g}" if r["steps_to_target"] is not None else f"> {args.steps} (some seed)"
-        delta = ("—" if base is None or name == "grpo" else
-                 " / ".join(f"{100 * (a - b):+.1f}" for a, b in zip(r["test_per_seed"], base["test_per_seed"])))
-        lines.append(f"| {name} | {r['test_accuracy']:.1%} ± {r['test_spread'] / 2:.1%} | {delta} | "
-                     f"{r['final_dev']:.1%} | {steps} | {r['mean_kl']:.4f} | {r['mean_entropy']:.3f} | "
-                     f"{r['seconds']:.0f} |")
-    table = "\n".join(lines)
-    path = os.path.join(args.out, "ablations.md")
-    with open(path, "w") as f:
-        f.write(f"{args.steps} GRPO steps per arm and seed, {args.prompts} prompts × {args.group_size} completions, "
-                f"β {args.kl_coef}, seeds {args.seeds}; validation (curve, selection): greedy on {args.dev_prompts} dev "
-                f"sums every {args.val_every} steps; test: greedy on {task.HELD_OUT} held-out sums, once, after "
-                "training.\n\n"
-                f"{table}\n")
-    return table
+def write_report(results: dict[str, dict], args: argparse.Namespace, seconds: float, load_before: float) -> dict:
+    """``<out>/ablations.md`` (and ``--json``): what `ablations_report` renders, here and in the docs."""
+    data = {"settings": {"steps": args.steps, "prompts": args.prompts, "group_size": args.group_size,
+                         "kl_coef": args.kl_coef, "seeds": args.seeds, "dev_prompts": args.dev_prompts,
+                         "val_every": args.val_every, "target": args.target, "held_out": task.HELD_OUT,
+                         "lr": args.lr},
+            "results": results, "seconds": seconds, "load_before": load_before, "load_after": os.getloadavg()[0],
+            "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
+    with open(os.path.join(args.out, "ablations.md"), "w") as f:
+        f.write(ablations_report.table(data) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    return data
 
 
 def plot(results: dict[str, dict], path: str) -> None:
@@ -171,14 +168,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--target", type=float, default=0.65)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/ablations")
+    parser.add_argument("--json", help="also write the results here (benchmarks/results/ablations.json: the docs' tables)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start, load_before = time.time(), os.getloadavg()[0]
     results = {name: combine([run_arm(name, args, seed) for seed in args.seeds]) for name in args.arms}
-    print(write_table(results, args))
+    data = write_report(results, args, time.time() - start, load_before)
+    print(ablations_report.table(data))
     plot(results, os.path.join(args.out, "ablations.png"))
-    print(f"\n{len(results)} arms in {time.time() - start:.0f} s (1-minute load average {load_before:.1f} before, "
-          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} cores); table and plot in {args.out}/")
+    print(f"table and plot in {args.out}/")
     return results
 
 

@@ -33,7 +33,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     chars = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
     vocab = {tok: i for i, tok in enumerate(["<pad>", "<s>", "</s>"] + chars)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # Every character its own token, newlines included ("." would leave "\n\n" one unknown piece)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",

@@ -168,7 +168,7 @@ def _refuse_if_deterministic(name: str) -> None:
 def choices() -> dict[str, Choice]:
     """Every cached choice, keyed by a readable description of its bucket (for reports).
 
-    Example:
+    Examples:
         >>> clear_choices(); choices()
         {}
     """

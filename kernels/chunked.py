@@ -95,7 +95,7 @@ def chunked_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets
     Returns:
         ``(logp, entropy, lse)``, each ``[N]`` in float32 (float64 for float64 inputs).
 
-    Example:
+    Examples:
         >>> h, w = torch.randn(5, 8), torch.randn(11, 8)
         >>> logp, ent, lse = chunked_forward(h, w, None, torch.tensor([0, 1, 2, 3, -100]), 1.0, -100, True)
         >>> torch.allclose(logp[:4], (h @ w.T).log_softmax(-1)[range(4), [0, 1, 2, 3]], atol=1e-5)
@@ -177,7 +177,7 @@ def chunked_backward(grad_logp: Tensor | None, grad_entropy: Tensor | None, hidd
     Returns:
         Gradients in the dtypes of their inputs; None where not needed (or no bias).
 
-    Example:
+    Examples:
         >>> h, w, t = torch.randn(4, 8), torch.randn(11, 8), torch.tensor([1, 2, 3, 4])
         >>> logp, ent, lse = chunked_forward(h, w, None, t, 1.0, -100, True)
         >>> dh, dw, db = chunked_backward(torch.ones(4), None, h, w, None, t, lse, ent, 1.0, -100)
@@ -229,7 +229,7 @@ def reference_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias:
                        temperature: float = 1.0, ignore_index: int = -100) -> tuple[Tensor, Tensor]:
     """The naive path, differentiable by autograd: full ``[..., V]`` logits in float32/float64.
 
-    Example:
+    Examples:
         >>> logp, ent = reference_logprobs(torch.zeros(2, 4), torch.zeros(8, 4), torch.tensor([0, -100]))
         >>> logp.tolist(), [round(x, 4) for x in ent.tolist()]
         ([-2.079441547393799, 0.0], [2.0794, 0.0])

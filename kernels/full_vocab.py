@@ -88,7 +88,7 @@ def full_vocab_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targ
                        ) -> tuple[Tensor, Tensor | None, Tensor]:
     """Same contract as `chunked.chunked_forward`; ``rows``: tokens per block (default: `block_rows`).
 
-    Example:
+    Examples:
         >>> h, w = torch.randn(5, 8), torch.randn(11, 8)
         >>> logp, ent, lse = full_vocab_forward(h, w, None, torch.tensor([0, 1, 2, 3, -100]), 1.0, -100, True)
         >>> torch.allclose(lse, torch.logsumexp(h @ w.T, -1), atol=1e-5)

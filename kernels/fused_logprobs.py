@@ -184,7 +184,7 @@ def fused_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Ten
             ``[0, V)`` other than ``ignore_index``, NaN/Inf hidden states, or an ``impl`` (or
             variable) naming no implementation usable on this device (the message lists them).
 
-    Example:
+    Examples:
         >>> hidden, weight = torch.zeros(2, 3, 4), torch.zeros(8, 4)
         >>> logp, ent = fused_logprobs(hidden, weight, torch.tensor([[1, 2, -100], [0, 0, 7]]))
         >>> logp[0].tolist()  # uniform over 8 tokens: log(1/8); the ignored position gives 0

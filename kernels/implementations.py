@@ -65,7 +65,7 @@ def implementations(device: torch.device | str, dtype: torch.dtype | None = None
         device: where the tensors live (``"cpu"``, ``"cuda"``, ``torch.device("cuda:1")``).
         dtype: the inputs' dtype; float64 excludes the Triton kernels (no fast fp64 ``tl.dot``).
 
-    Example:
+    Examples:
         >>> implementations("cpu")[:2]
         ('chunked', 'full_vocab')
     """

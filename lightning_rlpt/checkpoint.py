@@ -4,7 +4,7 @@ wrong one (docs/cli.md, "Resuming a run").
 ``checkpoint["lightning_rlpt"]`` holds:
 
 - the run's state: ``policy_version``, ``rollout_draws`` (how many rollout seeds were drawn: the
-  stream is a function of seed, rank and this count, see `rollout_stream`), ``tokens_seen``
+  stream is a function of seed, rank and this count, see `seeding`), ``tokens_seen``
   (the ``num_tokens`` metric's running count), the ``knobs``
   and ``model_source``. A fit resumed from a checkpoint without it is refused: it would restart
   the policy version at 0 and replay the rollout stream from its start;
@@ -15,6 +15,10 @@ wrong one (docs/cli.md, "Resuming a run").
   ``checkpoint_checksums=True``, the default; 3 GB/s on 2 cores, benchmarks/checkpoint_checksum.py),
   verified at every load: a tensor whose bytes changed on disk is refused by name. Sharded
   (FSDP2 / DCP) tensors are not covered: each rank holds only its shard.
+- ``state_checksums``: a CRC32 of every other part of the checkpoint (`state_checksums`: the
+  optimizer's moments and step counts, schedulers, loops, callbacks, loaders, RNG states, this
+  entry's own counters), verified when a fit resumes: a part whose value changed is refused by
+  its path, e.g. ``optimizer_states.0.state.3.step``.
 
 Validation and ``load_from_checkpoint`` only need weights, so the first two checks apply when
 fitting; the checksums are verified whenever a checkpoint is loaded.
@@ -27,8 +31,10 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable
 
-import numpy as np
 import torch
+
+from . import seeding
+from .checkpoint_digest import state_checksums, verify_state_checksums
 
 # The settings that define the algorithm: a resume must not change them silently. Memory caps
 # (micro-batches, padding-free), logging, validation and the optimizer (whose state Lightning
@@ -39,15 +45,6 @@ ALGORITHM_KEYS = ("policy_loss", "advantage", "loss_aggregation", "clip_low", "c
                   "top_entropy_quantile", "seed", "seed_per_prompt", "generation", "reward_funcs", "reward_weights",
                   "entropy_coef", "multi_objective_aggregation")
 MEMORY_ONLY = ("max_batch_rows",)  # generation settings that change no completion (each row has its own seed)
-
-
-def rollout_stream(seed: int, rank: int, draw: int) -> torch.Generator:
-    """The generator of a rank's ``draw``-th rollout seed: a function of its keys alone, so ranks
-    sample their own completions and a resume restores only the count (rank 0 writes the
-    checkpoint, for every rank). `RLModule` keys every rank as 0 under ``seed_per_prompt``,
-    whose seeds the prompt's dataset index keys (completions then do not depend on the rank)."""
-    key = np.random.SeedSequence((seed % 2**63, rank, draw)).generate_state(1, np.uint64)[0]
-    return torch.Generator().manual_seed(int(key) >> 1)
 
 
 def check_resume_overrides(names: Iterable[str]) -> tuple[str, ...]:
@@ -91,12 +88,95 @@ def _crc32(tensor: torch.Tensor) -> int:
 
 
 def save_state(module: Any, checkpoint: dict[str, Any]) -> None:
-    """`RLModule.on_save_checkpoint`: add ``checkpoint["lightning_rlpt"]``."""
+    """`RLModule.on_save_checkpoint` (the last hook before the file is written): add
+    ``checkpoint["lightning_rlpt"]``, its checksums last, over everything else."""
+    mark_epoch_end(module._trainer, checkpoint)
+    counters = {"policy_version": module.policy_version, "rollout_draws": module.rollout_draws,
+                "tokens_seen": module.tokens_seen}
+    counters.update(replay_interrupted_batch(module, checkpoint))
     checksums = tensor_checksums(checkpoint.get("state_dict") or {}) if module.hparams.checkpoint_checksums else None
-    checkpoint["lightning_rlpt"] = {
-        "policy_version": module.policy_version, "rollout_draws": module.rollout_draws,
-        "tokens_seen": module.tokens_seen, "knobs": module.knobs.state_dict(), "model_source": module.model_source,
-        "algorithm": algorithm_settings(module), "checksums": checksums, "engine_held_version": held_version(module)}
+    state = checkpoint["lightning_rlpt"] = {
+        **counters, "knobs": module.knobs.state_dict(), "model_source": module.model_source,
+        "algorithm": algorithm_settings(module), "checksums": checksums, "engine_held_version": held_version(module),
+        "seeding": seeding.VERSION}
+    if module.hparams.checkpoint_checksums:
+        state["state_checksums"] = state_checksums(checkpoint)
+
+
+def mark_epoch_end(trainer: Any, checkpoint: dict[str, Any]) -> None:
+    """Write the loop counters of a checkpoint saved at an epoch's end (``on_train_epoch_end``:
+    ``ModelCheckpoint(save_last=True)``'s ``last.ckpt`` when ``fit`` returns, or
+    ``save_on_train_epoch_end``) as they will be once the epoch is over, so that a resume goes on
+    exactly where the straight run goes on.
+
+    Why: Lightning marks the epoch processed but not completed before that hook. Resuming from
+    it, Lightning (with ``max_steps``) replays the epoch's end, which counts the epoch once more:
+    an epoch that ``max_steps`` cut short was followed by the *next* epoch's permutation instead of
+    its own remaining batches, and after a whole epoch the next one was skipped (sampler epoch 2
+    after epoch 0) and the loggers' step labels moved one ahead (11-14 after 0-9)."""
+    loops = (checkpoint.get("loops") or {}).get("fit_loop")
+    fit_loop = getattr(trainer, "fit_loop", None)
+    if not _known_loops(loops) or fit_loop is None or not getattr(trainer, "training", False):
+        return
+    epoch = fit_loop.epoch_progress.current
+    if epoch.processed != epoch.completed + 1:
+        return  # not inside on_train_epoch_end
+    as_last_batch_end(loops)
+
+
+def _known_loops(loops: Any) -> bool:
+    """The fit loop's state in the layout these rewrites know (Lightning 2.x); another is left alone."""
+    keys = ("epoch_progress", "epoch_loop.batch_progress", "epoch_loop.state_dict")
+    return isinstance(loops, dict) and all(isinstance(loops.get(k), dict) for k in keys)
+
+
+def as_last_batch_end(loops: dict[str, Any]) -> None:
+    """The fit loop's counters as a checkpoint saved at the end of the epoch's last batch has them
+    (Lightning resumes those exactly, into the same epoch or, after its last batch, the next one):
+    the epoch started but not processed, that batch not completed, one logger step fewer (the
+    resume adds it back). Written ``ready = started = processed + 1`` as at any batch end: after
+    one resume Lightning leaves ``ready`` and ``started`` behind, which a second resume misreads."""
+    for progress in ("total", "current"):
+        counts = loops["epoch_progress"][progress]
+        counts["processed"] = counts["completed"]
+        counts["ready"] = counts["started"] = counts["completed"] + 1
+        loops["epoch_loop.batch_progress"][progress]["completed"] -= 1
+    loops["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+
+
+def remember_counters(module: Any, *_: Any) -> None:
+    """`RLModule.on_train_batch_end`: the counters the next batch starts from, which a crash in it
+    is saved with (the module's own hook, as callbacks' ``on_train_batch_start`` run before it)."""
+    module._batch_start_counters = {"policy_version": module.policy_version, "rollout_draws": module.rollout_draws,
+                                    "tokens_seen": module.tokens_seen}
+
+
+def replay_interrupted_batch(module: Any, checkpoint: dict[str, Any]) -> dict[str, int]:
+    """A checkpoint saved by a crash (``OnExceptionCheckpoint``, the trainer interrupted) inside a
+    batch that had not updated the policy yet is written as the checkpoint of the previous batch's
+    end, with the module's counters from the batch's start: the resume replays that batch, seed
+    included. Lightning's own counters would skip it (its prompts never trained, one step label
+    lost). Returns the counters to save (none when there is nothing to replay).
+
+    Not exact: a crash after the batch's first optimizer step (the checkpoint holds a half-applied
+    batch; Lightning's counters are kept), or after a callback recorded the batch's statistics."""
+    trainer = module._trainer
+    loops = (checkpoint.get("loops") or {}).get("fit_loop")
+    start = getattr(module, "_batch_start_counters", None)
+    if not _known_loops(loops) or start is None or trainer.state.status != "interrupted":
+        return {}
+    batches = trainer.fit_loop.epoch_loop.batch_progress.current
+    if batches.completed >= batches.ready or batches.completed == 0 or start["policy_version"] != module.policy_version:
+        return {}
+    for progress in ("total", "current"):
+        counts = loops["epoch_loop.batch_progress"][progress]
+        done = counts["completed"]
+        counts.update(ready=done, started=done, processed=done, completed=done - 1)
+    loops["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
+    for state in (loops.get("state_dict") or {}).get("combined_loader") or []:
+        if isinstance(state, dict) and "consumed" in state:
+            state["consumed"] = batches.completed
+    return dict(start)
 
 
 def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
@@ -105,6 +185,9 @@ def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
     fitting = trainer is not None and trainer.state.fn == "fit"
     state = checkpoint.get("lightning_rlpt")
     verify_checksums((state or {}).get("checksums"), checkpoint.get("state_dict") or {})
+    sharded = os.path.isdir(str(getattr(trainer, "ckpt_path", None) or ""))  # DCP: each rank reloads its own view
+    if fitting and state and state.get("state_checksums") and not sharded:
+        verify_state_checksums(state["state_checksums"], checkpoint, getattr(trainer, "ckpt_path", None))
     if not state:
         if fitting:
             raise ValueError(missing_state_message(getattr(trainer, "ckpt_path", None)))
@@ -118,10 +201,23 @@ def load_state(module: Any, checkpoint: dict[str, Any]) -> None:
                       "of where the run left it", stacklevel=2)
     if fitting:
         warn_between_syncs(state.get("engine_held_version"), state["policy_version"])
+        warn_other_seeding(state.get("seeding", 1))
     module.policy_version = state["policy_version"]
     module.rollout_draws = state.get("rollout_draws", state["policy_version"])
     module.tokens_seen = state.get("tokens_seen", 0)  # num_tokens: older checkpoints did not count
     module.knobs.load_state_dict(state.get("knobs", state))  # older checkpoints kept the knobs at the top
+
+
+def warn_other_seeding(version: int) -> None:
+    """A checkpoint whose seeds were derived otherwise (1: before `seeding`) resumes, with a
+    warning: weights, optimizer and counters are exact, but the continuation draws other
+    completions than the run that wrote it would have. Refusing would strand every such run."""
+    if version != seeding.VERSION:
+        warnings.warn(f"this checkpoint was written with lightning_rlpt's seed derivation {version}, this version "
+                      f"uses {seeding.VERSION} (lightning_rlpt.seeding): the weights, optimizer and counters resume "
+                      "exactly, but from here on the run samples other completions than the run that wrote it "
+                      "would have. To continue that run draw for draw, resume it with the lightning_rlpt version "
+                      "that wrote it", stacklevel=3)
 
 
 def held_version(module: Any) -> int:

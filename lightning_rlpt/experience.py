@@ -95,7 +95,7 @@ class Experience:
                 ``mask_truncated_completions``); rows of ``completion_mask`` 0 (padding, tool and
                 environment tokens) are never trained on.
 
-        Example:
+        Examples:
             >>> exp = Experience(torch.zeros(2, 1), torch.ones(2, 1), torch.zeros(2, 2), torch.ones(2, 2),
             ...                  torch.zeros(2), 2, ["p", "p"], ["a", "b"], truncated=torch.tensor([False, True]))
             >>> exp.trained_mask(True).tolist()
@@ -213,7 +213,7 @@ def merge_info(a: dict[str, Any], b: dict[str, Any], n_a: int, n_b: int) -> dict
     neither describes the joined batch, and a silently stale value is worse than a missing one
     (its reader raises `KeyError`, naming what is missing).
 
-    Example:
+    Examples:
         >>> t = torch.tensor
         >>> merge_info({"turns": t([1, 2]), "tag": "x", "k": 1}, {"turns": t([3]), "tag": "x", "k": 2}, 2, 1)
         {'turns': tensor([1, 2, 3]), 'tag': 'x'}

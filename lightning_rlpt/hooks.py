@@ -49,6 +49,7 @@ HOOKS = ("on_rollout_end", "on_rollout_scored", "on_rewards_computed", "on_advan
 PUBLIC_SURFACE = (
     "knobs", "request",                                   # move knobs, ask for tensors
     "policy_logprobs", "refill", "sync_engine",           # act
+    "probe_rejoined",                                     # the parity probe on a server back after a drop
     "loss_mask",                                          # the tokens the loss trains on (measure over these)
     "policy", "reference", "use_reference", "tokenizer",  # the models (ReferenceReset, VLLMRollout)
     "rollout_engine", "sampling", "val_sampling",         # the engine and its settings (VLLMRollout)
@@ -68,7 +69,7 @@ class RLCallback(L.Callback):
     (subclasses that override ``setup`` call ``super().setup`` first), so a callback on a
     module that lacks them fails before any work, instead of silently doing nothing.
 
-    Example:
+    Examples:
         >>> class ClampRewards(RLCallback):
         ...     def on_rewards_computed(self, trainer, module, experience):
         ...         experience.rewards.clamp_(0, 1)

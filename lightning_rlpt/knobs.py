@@ -44,7 +44,7 @@ class Knobs:
         Raises:
             ValueError: ``name`` is not a knob, or another active callback owns it (both named).
 
-        Example:
+        Examples:
             >>> knobs, first, second = Knobs(0.0, 0.2, 0.2), object(), object()
             >>> knobs.claim("kl_coef", owner=first)
             >>> knobs.claim("kl_coef", owner=first)  # re-claiming one's own knob is fine

@@ -1,6 +1,7 @@
 """Validation metrics: accuracy and unbiased pass@k as torchmetrics (synced across ranks)."""
 from __future__ import annotations
 
+import warnings
 from math import comb
 
 import torch
@@ -14,10 +15,25 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
 
 
+def pass_at_k_metrics(val_pass_k: list[int] | None, val_samples: int, temperature: float) -> dict[str, "PassAtK"]:
+    """The pass@k metrics validation logs (default k: 1 and ``val_samples``), checked against what
+    validation samples: no k above ``val_samples``, and a warning when greedy decoding makes the
+    ``val_samples`` completions one completion repeated (pass@n would read pass@1)."""
+    ks = sorted(set(val_pass_k or ([1, val_samples] if val_samples > 1 else [1])))
+    if max(ks) > val_samples:
+        raise ValueError(f"val_pass_k={ks} asks for more samples than val_samples={val_samples}")
+    if max(ks) > 1 and temperature == 0:
+        warnings.warn(f"val_samples={val_samples} with greedy validation (temperature 0): the {val_samples} "
+                      f"completions of a prompt are one completion repeated, so pass@{max(ks)} equals pass@1. "
+                      "Sample them: val_generation=dict(temperature=0.8) (Codex's setting for pass@k, k > 1)",
+                      stacklevel=3)
+    return {str(k): PassAtK(k) for k in ks}
+
+
 class PassAtK(Metric):
     """Mean over prompts of pass@k, from a ``[prompts, n]`` boolean matrix of correct samples.
 
-    Example:
+    Examples:
         >>> m = PassAtK(k=1); m.update(torch.tensor([[True, False], [False, False]])); m.compute().item()
         0.25
     """

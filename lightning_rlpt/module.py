@@ -16,13 +16,14 @@ from .algorithms.entropy_mask import check_top_entropy_quantile
 from .algorithms.kl import KL_ESTIMATORS
 from .algorithms.presets import check_objective, resolve_objective
 from .batching import MicroBatching
-from .checkpoint import check_resume_overrides, load_state, rollout_stream, save_state
+from .checkpoint import check_resume_overrides, load_state, remember_counters, save_state
+from .checkpoint_io import install_atomic_io
 from .compat.trl import RefusesTRLNames
 from .data import collate_prompts
 from .experience import Experience
 from .hooks import RLHookCaller
 from .knobs import Knobs, Requests
-from .metrics import PassAtK
+from .metrics import pass_at_k_metrics
 from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
 from .model.logprobs import check_head, check_padding_free
 from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
@@ -30,11 +31,15 @@ from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory, run_steps
 from .quiet import hide_lightning_tips
-from .rewards import RewardFunctions, TrainerState
-from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig, collect
+from .requeue import BatchBoundaryRequeue
+from .rewards import RewardFunctions, TrainerState, score_experience
+from .rollout import HFGenerateEngine, RolloutEngine, SamplingConfig
 from .rollout.episodes import Agent
+from .rollout.parity import ParityProbe
 from .rollout.episodes.tools import DEFAULT_MAX_CHARS
+from .seeding import keyed_generator, keyed_seed
 from .stages.experience import MakeExperience
+from .stages.fit_state import FitState
 from .stages.timing import StepTimer
 from .stages.update import PolicyUpdate
 
@@ -53,7 +58,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         objective: a preset (``grpo``, ``dapo``, ``dr_grpo``) or a policy-loss name.
         group_size: completions per prompt, G.
         kl_coef: β of the KL-to-reference term (None: the preset's). 0 builds no reference.
-        kl_estimator: ``k1`` (default), ``k2``, ``k3``, ``k3_ratio`` or ``future_k1``; see `algorithms.kl`.
+        kl_estimator: ``k1`` (default), ``k2``, ``k3``, ``k3_ratio``, ``k3_seq_ratio`` or ``future_k1``; see `algorithms.kl`.
         advantage / policy_loss / loss_aggregation / clip_low / clip_high / dual_clip: override
             the preset.
         advantage_kwargs / policy_loss_kwargs: extra options for the selected functions.
@@ -95,7 +100,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         lr_scheduler: a callable ``optimizer -> LRScheduler`` (``LRSchedulerCallable``), stepped
             after every optimizer step, e.g. ``functools.partial(lightning_rlpt.optim.WarmupLinearLR,
             warmup_steps=10)`` (its length: the run's, `optim.run_steps`); None: constant. Checkpointed by Lightning;
-            ``LearningRateMonitor`` logs it.
+            the module logs the rate as ``learning_rate`` (no ``LearningRateMonitor`` needed).
         lr / weight_decay / betas / max_grad_norm: the default AdamW (lr > 0) and gradient clipping
             (``Trainer(gradient_clip_val=c)`` sets ``max_grad_norm=c``; ``accumulate_grad_batches`` is refused).
         disable_dropout: set every dropout probability of the policy (and so of its reference)
@@ -129,8 +134,14 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             themselves (``decoupled_ppo``). ``rollout_correction_cap`` is its cap. The weights
             multiply the policy-gradient term only (as TRL and verl);
             ``rollout_correction_kl=True`` weights the KL term too (see `algorithms.surrogate`).
+        parity_every / parity_threshold: the sampling-parity probe (`rollout.parity`): after the
+            first training rollout's generation of a fit and then every ``parity_every`` weight syncs,
+            the engine completes one prompt greedily and the trainer scores it; ``sampling/parity_max``
+            is logged and a gap above ``parity_threshold`` stops the run before the step is scored or
+            trained ("auto": 1e-2 in fp32, 0.3 when either side is bf16/fp16; None: log only).
+            ``parity_every=0`` or None: never probe. Default 10: ~1 % of a step (docs/vllm.md).
         seed: seeds the LoRA initialisation and the rollout seeds, which each rank draws its own
-            (`checkpoint.rollout_stream`).
+            (`seeding`: the ``rollout`` stream).
         seed_per_prompt: derive each prompt's sampling seed from the rollout seed and the
             prompt's dataset index, so completions do not depend on how prompts are batched or
             spread over ranks (every engine samples each row from its own seed). A prompt drawn
@@ -138,7 +149,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         resume_overrides / checkpoint_checksums: settings (`checkpoint.ALGORITHM_KEYS`) a resumed
             fit may change (others must match the checkpoint's); write and verify a CRC32 per tensor.
 
-    Example:
+    Examples:
         >>> module = RLModule("path/to/model", reward_funcs=[my_reward], objective="grpo", group_size=8)  # doctest: +SKIP
         >>> L.Trainer(max_steps=100).fit(module, datamodule=PromptDataModule("prompts.jsonl"))  # doctest: +SKIP
     """
@@ -191,6 +202,8 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         rollout_correction: str | None = "auto",
         rollout_correction_cap: float = 2.0,
         rollout_correction_kl: bool = False,
+        parity_every: int | None = 10,
+        parity_threshold: float | str | None = "auto",
         seed: int = 0,
         seed_per_prompt: bool = False,
         disable_dropout: bool = True,
@@ -274,10 +287,9 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         self.policy_version = 0
         self.rng, self.rollout_draws = torch.Generator().manual_seed(seed), 0  # see _next_seed
         self.timer = StepTimer()
-        ks = sorted(set(val_pass_k or ([1, val_samples] if val_samples > 1 else [1])))
-        if max(ks) > val_samples:
-            raise ValueError(f"val_pass_k={ks} asks for more samples than val_samples={val_samples}")
-        self.val_pass = nn.ModuleDict({str(k): PassAtK(k) for k in ks})
+        self.parity = ParityProbe(parity_every, parity_threshold)
+        self.fit_state = FitState()  # replaced at each fit's start (on_fit_start)
+        self.val_pass = nn.ModuleDict(pass_at_k_metrics(val_pass_k, val_samples, self.val_sampling.temperature))
 
     # ---------------------------------------------------------------- the callbacks' surface
     def request(self, **flags: bool) -> None:
@@ -338,9 +350,15 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
                 shard_with_fsdp2(self.reference, mesh)
             self._sharded = True
 
+    def setup(self, stage: str) -> None:
+        install_atomic_io(self._trainer)  # checkpoints written atomically, checked at load (checkpoint_io.py)
+
     def on_fit_start(self) -> None:
         park_offloaded(self.reference)  # reference_offload: back to CPU memory after the strategy moved the module
+        self.parity.reset()  # each fit probes its engine before its first training rollout
         self.check_engine()  # after the callbacks' on_fit_start: theirs is installed and synced
+        # each fit afresh: the no-signal warning may come once; SLURM's auto-requeue acts between batches
+        self.fit_state = FitState(requeue=BatchBoundaryRequeue.install(self._trainer))
 
     def on_train_start(self) -> None:
         self.sync_if_behind()  # a sharded checkpoint is restored after on_fit_start
@@ -359,26 +377,29 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    # Lightning's checkpoint hooks (lightning_rlpt.checkpoint): load refuses a checkpoint without our
-    # state, with other settings or with corrupted tensors.
+    # Lightning's checkpoint hooks (checkpoint.py): load refuses one without our state, other settings or bad tensors.
     on_save_checkpoint, on_load_checkpoint = save_state, load_state
+    def on_train_batch_end(self, *_: Any) -> None:
+        remember_counters(self)  # the counters a crash in the next batch is checkpointed with
+        if self.fit_state.requeue is not None:  # None: not SLURM with auto_requeue (requeue.py)
+            self.fit_state.requeue.at_batch_end()
 
     def _next_seed(self) -> int:
-        """The next rollout seed (`checkpoint.rollout_stream`); the mini-batch shuffle continues ``self.rng``."""
+        """The next rollout seed, keyed by (seed, rank, draw) (`seeding`); the mini-batch shuffle continues ``self.rng``."""
         rank = 0 if self.hparams.seed_per_prompt else self.global_rank  # seed_per_prompt: the prompt index keys
-        self.rng, self.rollout_draws = rollout_stream(self.hparams.seed, rank, self.rollout_draws), self.rollout_draws + 1
+        self.rng, self.rollout_draws = keyed_generator("rollout", self.hparams.seed, rank, self.rollout_draws), self.rollout_draws + 1
         return int(torch.randint(0, 2**62, (1,), generator=self.rng).item())
 
     # ---------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
         n = self.hparams.val_samples
-        seed = self.hparams.seed * 1_000_003 + batch_idx
+        seed = keyed_seed("validation", self.hparams.seed, batch_idx)
         exp, _ = self.sample(batch, n, self.val_sampling, seed)  # episodes too, with tools/environments
-        collect.score(exp, self.rewards, TrainerState.of(self._trainer))
+        score_experience(exp, self.rewards, TrainerState.of(self._trainer))
         correct = (exp.scores >= self.hparams.success_threshold).view(-1, n)
         for k, metric in self.val_pass.items():
             metric.update(correct)
-            self.log(f"val/pass@{k}", metric, on_epoch=True, batch_size=correct.shape[0])
+            self.log(f"val/pass_at_{k}", metric, on_epoch=True, batch_size=correct.shape[0])
         self.log("val/accuracy", correct.float().mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
         self.log("val/reward", exp.scores.mean(), on_epoch=True, sync_dist=True, batch_size=correct.numel())
 

@@ -11,7 +11,8 @@ into the same class with `StepCounting` mixed in:
 - with ``max_steps`` set, the bar shows ``global_step / max_steps`` (what ends the run, in the
   unit ``max_steps`` counts, as TRL's bar does);
 - without it (``max_epochs`` only), the bar counts the epoch's rollouts, as Lightning's does;
-- the title is "Epoch N", and "Epoch N/M" only when ``max_epochs`` is set.
+- the title is "Epoch N", and "Epoch N/M" only when ``max_epochs`` is set;
+- the logger's version (``v_num``) is not drawn among the metrics.
 
 A progress bar class of the user's own is left alone, and so is ``enable_progress_bar=False``.
 """
@@ -43,6 +44,11 @@ class StepCounting:
         # Lightning's bars draw position ``batch_idx + 1``: hand them the step count instead.
         position = trainer.global_step if counts_steps(trainer) else batch_idx + 1
         super().on_train_batch_end(trainer, pl_module, outputs, batch, position - 1)  # type: ignore[misc]
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
+        items.pop("v_num", None)  # the logger's version, drawn as a metric ("v_num: 0.000") beside the RL ones
+        return items
 
     def _get_train_description(self, current_epoch: int) -> str:  # RichProgressBar's title
         if self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:

@@ -15,6 +15,12 @@ warnings, the module that raises it), so every other warning, Lightning's includ
   way of saying "no validation".
 - `hide_lightning_tips` (from ``RLModule.__init__``, before the Trainer is built, which prints the
   first): the advertisements for ``litlogger`` and ``litmodels``.
+- `quiet_engine_reload` (when the colocated vLLM engine starts): at every weight sync vLLM logs
+  "RotaryEmbedding: Failed to load weights" for the rotary tables it computes itself (nothing is
+  wrong, and the same words for a layer that does hold weights, "ParallelLMHead: ...", are the
+  sign of a broken sync: those stay); and bitsandbytes, imported by vLLM's reload, logs that its
+  optional hub kernel for 4-bit matmuls is absent, in a run with no 4-bit weights (a run that
+  quantizes imported bitsandbytes earlier, so its message has already shown).
 """
 from __future__ import annotations
 
@@ -46,14 +52,20 @@ def quiet_empty_validation() -> None:
     warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
-class _DropTips(logging.Filter):
-    """Drops the log records that start with one of `TIPS`."""
+class _Drop(logging.Filter):
+    """Drops the log records ``matches`` says yes to."""
+
+    def __init__(self, matches):
+        super().__init__()
+        self.matches = matches
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (isinstance(record.msg, str) and record.msg.startswith(TIPS))
+        return not self.matches(record)
 
 
-_TIP_FILTER = _DropTips()
+_TIP_FILTER = _Drop(lambda r: isinstance(r.msg, str) and r.msg.startswith(TIPS))
+_ROTARY_RELOAD = _Drop(lambda r: r.msg == "%s: Failed to load weights" and str(r.args[0]).endswith("RotaryEmbedding"))
+_BNB_HUB_KERNEL = _Drop(lambda r: isinstance(r.msg, str) and r.msg.startswith("Failed to load CPU gemm_4bit_forward"))
 
 
 def hide_lightning_tips() -> None:
@@ -63,3 +75,10 @@ def hide_lightning_tips() -> None:
     import lightning_utilities.core.rank_zero as rank_zero
 
     rank_zero.log.addFilter(_TIP_FILTER)
+
+
+def quiet_engine_reload() -> None:
+    """Drop vLLM's rotary-table reload warning and bitsandbytes' absent-hub-kernel message (module
+    docstring). Filters on the loggers by name: they exist before their modules are imported."""
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_ROTARY_RELOAD)
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_BNB_HUB_KERNEL)

@@ -25,7 +25,7 @@ class Registry(Generic[F]):
         kind: the family's name in messages ("policy loss").
         traits: the traits a member may declare, with their defaults.
 
-    Example:
+    Examples:
         >>> ADV = Registry("advantage estimator", traits={"group_relative": False})
         >>> @ADV.register("zero", group_relative=True)
         ... def zero(rewards): return rewards * 0

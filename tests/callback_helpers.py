@@ -22,6 +22,8 @@ class OffPolicyEngine(HFGenerateEngine):
 
 def make_module(model_dir, *, engine: str | None = None, **settings) -> RLModule:
     kwargs = dict(reward_funcs=[task.exact_answer], group_size=4, lr=1e-3, seed=5, kl_coef=0.05, generation=GEN)
+    if engine == "off_policy":  # off the policy on purpose (as a stale engine): the parity probe measures, never stops
+        kwargs["parity_threshold"] = None
     module = RLModule(model_dir, **{**kwargs, **settings})
     if engine is not None:
         cls = OffPolicyEngine if engine == "off_policy" else HFGenerateEngine

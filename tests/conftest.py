@@ -18,7 +18,9 @@ torch.set_num_threads(2)
 
 # Metrics measured in wall-clock seconds (timing/*, throughput/*, step_time) differ from run to
 # run; runs compared for equality leave them out.
-WALL_CLOCK = ("timing/", "throughput/", "step_time")
+# Metrics a run-vs-run comparison leaves out: wall-clock ones, and the parity probe's, which each fit
+# (a resumed one too) takes at its own first sync (lightning_rlpt/rollout/parity.py).
+NOT_COMPARED = ("timing/", "throughput/", "step_time", "sampling/parity_max")
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +96,26 @@ def cluster():
     yield build
     for c in built:
         c.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After the run: behaviour tests and meta checks (tests/meta: layout, docstrings, docs
+    references) counted apart, and the modules past ~400 lines (a report, not a failure)."""
+    from package_layout import LONG, long_modules
+
+    outcome_of: dict[str, str] = {}
+    for outcome in ("passed", "skipped", "failed", "error"):  # a later (worse) outcome of a test wins
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "nodeid", ""):
+                outcome_of[report.nodeid] = outcome
+    counts: dict[str, dict[str, int]] = {"behaviour": {}, "meta": {}}
+    for nodeid, outcome in outcome_of.items():
+        kind = counts["meta" if nodeid.startswith("tests/meta/") else "behaviour"]
+        kind[outcome] = kind.get(outcome, 0) + 1
+    terminalreporter.section("lightning-rlpt: what was counted")
+    for kind, seen in counts.items():
+        terminalreporter.write_line(f"{kind:>9} tests: " + (", ".join(f"{n} {o}" for o, n in seen.items()) or "none"))
+    long = long_modules()
+    if long:
+        terminalreporter.write_line(f"modules past {LONG} lines (worth a look; split by concern, not by count): "
+                                    + ", ".join(f"{p} ({n})" for p, n in long))

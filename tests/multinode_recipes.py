@@ -1,5 +1,6 @@
-"""What the multi-host tests share: docs/distributed.md's blocks as written, each host's
-environment, and the metrics a run logged."""
+"""What the multi-host tests share: docs/distributed.md's blocks as written (each host runs the
+page's "every host, first" block, then the block at hand), each host's environment (the page's
+variables), and the metrics and weights a run wrote."""
 from __future__ import annotations
 
 import csv
@@ -9,26 +10,39 @@ import subprocess
 import sys
 import time
 
-from conftest import ARITHMETIC, ROOT, WALL_CLOCK
+from conftest import ARITHMETIC, ROOT, NOT_COMPARED
 
 DOC = os.path.join(ROOT, "docs", "distributed.md")
-SCRIPT = os.path.join(ROOT, "tests", "scripts", "distributed_fit.py")
-HEALTH = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)"
+SCRIPT = os.path.join(ROOT, "examples", "multihost.py")
+VENV = os.path.dirname(os.path.dirname(sys.executable))  # the page's $VENV: this interpreter's virtualenv
 
 
 def recipe(marker: str) -> str:
-    """The one bash block of docs/distributed.md whose text contains ``marker``."""
+    """The one bash block of docs/distributed.md whose text contains ``marker``, after the page's
+    block for every host (``cd $REPO``, the virtualenv on ``PATH``, the shared interface)."""
     blocks = re.findall(r"```bash\n(.*?)```", open(DOC).read(), flags=re.S)
+    [first] = [b for b in blocks if "# every host, first" in b]
     [block] = [b for b in blocks if marker in b]
-    return block
+    return f"set -e\n{first}\n{block}"
 
 
 def env_for(**extra: str) -> dict[str, str]:
-    """This environment without a launcher's rank variables, this venv's tools first, plus ``extra``."""
+    """This environment without a launcher's rank variables and without this venv on ``PATH``
+    (the page's first block puts it there), with the page's ``$REPO``, ``$VENV`` and ``$IFNAME`` (each
+    namespaced host's interface is ``eth0``), plus ``extra``."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if p != os.path.join(VENV, "bin"))
+    return {**env, "PYTHONUNBUFFERED": "1", "REPO": ROOT, "VENV": VENV, "IFNAME": "eth0", **extra}
+
+
+def final_weights(out) -> dict:
+    """The policy's weights in ``out/final.ckpt`` (examples/multihost.py writes it at the end)."""
+    import torch
+
+    state = torch.load(os.path.join(out, "final.ckpt"), map_location="cpu", weights_only=False)["state_dict"]
+    return {k: v for k, v in state.items() if k.startswith("policy.")}
 
 
 def metrics(out) -> list[dict[str, float]]:
@@ -36,7 +50,7 @@ def metrics(out) -> list[dict[str, float]]:
     rows = []
     for path in sorted(out.glob("**/metrics.csv")):
         with open(path) as f:
-            rows += [{k: float(v) for k, v in r.items() if v != "" and not k.startswith(WALL_CLOCK)}
+            rows += [{k: float(v) for k, v in r.items() if v != "" and not k.startswith(NOT_COMPARED)}
                      for r in csv.DictReader(f)]
     assert rows, f"no metrics under {out}"
     return rows
@@ -63,10 +77,12 @@ def run_nodes(cluster, hosts: list[str], block: str, timeout: float, **env: str)
     assert [n.returncode for n in nodes] == [0] * len(nodes), "\n---\n".join(cause(log) for log in logs)
 
 
-def run_single_host(out, *args: str, timeout: float) -> None:
-    """The same script as two processes on this host (Lightning's own launcher)."""
-    done = subprocess.run([sys.executable, SCRIPT, "--strategy", "ddp", "--out", str(out), *args], env=env_for(),
-                          capture_output=True, text=True, timeout=timeout)
+def run_single_host(out, *args: str, timeout: float, cluster=None, host: str | None = None) -> None:
+    """The same script as two processes on one host (Lightning's own launcher): this machine, or
+    ``host`` of ``cluster``."""
+    argv = [sys.executable, SCRIPT, "--num-nodes", "1", "--devices", "2", "--out", str(out), *args]
+    done = cluster.run(host, argv, timeout=timeout, env=env_for()) if cluster else \
+        subprocess.run(argv, env=env_for(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, cause(done.stderr)
 
 
@@ -86,13 +102,16 @@ def start_servers(cluster, hosts: list[str], log_dir, probe_from: str = "trainer
                                      stderr=subprocess.STDOUT, env=env_for(MODEL=os.path.join(ARITHMETIC, "warm_start"),
                                                                             HOST_ADDR=cluster.hosts[host])))
     deadline = time.monotonic() + timeout
-    for host, server in zip(hosts, servers):
-        url = f"http://{cluster.hosts[host]}:8000/health"
-        while cluster.run(probe_from, [sys.executable, "-c", HEALTH, url], timeout=30).returncode:
-            if server.poll() is not None:
-                raise AssertionError(f"the vLLM server on {host} exited ({server.returncode}):\n"
+    for host, server in zip(hosts, servers):  # the page's wait, from a trainer host
+        wait = cluster.popen(probe_from, ["bash", "-c", recipe("wait for the rollout host")], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, env=env_for(ROLLOUT_ADDR=cluster.hosts[host]))
+        while wait.poll() is None:
+            if server.poll() is not None or time.monotonic() > deadline:
+                os.killpg(wait.pid, 9)
+                wait.wait()
+                why = f"exited ({server.returncode})" if server.poll() is not None else f"not healthy in {timeout} s"
+                raise AssertionError(f"the vLLM server on {host} {why}:\n"
                                      + open(os.path.join(log_dir, f"{host}.log"), errors="replace").read()[-3000:])
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the vLLM server on {host} was not healthy within {timeout} s")
-            time.sleep(2)
+            time.sleep(1)
+        assert wait.returncode == 0
     return servers

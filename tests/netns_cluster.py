@@ -5,30 +5,44 @@ joined by a veth pair to a bridge that lives in a namespace of its own (the swit
 machine's own network is never touched. Processes run on a host through ``ip netns exec``; a
 link is cut with ``ip link set ... down`` on the switch side of the host's veth.
 
-Everything is named ``rlpt<pid>-*`` after the process that built it. `Cluster.close` stops each
-process left in a host by its PID (``ip netns pids``), then deletes the namespaces (their veths
-go with them); `sweep` removes what a killed run left behind (names whose PID is gone).
+A cluster has an owner. Its builder picks a token (``c`` and 8 hex digits) and holds an
+exclusive ``flock`` on ``/run/rlpt-clusters/<token>.lock`` for the cluster's life; its namespaces
+are named ``rlpt<token>-<host>``. The lock is taken before the first namespace is made and
+released after the last is deleted, so a namespace whose lock is free (or absent) belongs to
+nobody: `sweep` deletes exactly those, and a concurrent run's clusters, or one a user keeps with
+``up``, are left alone. `Cluster.close` stops each process left in a host by its PID
+(``ip netns pids``), deletes the namespaces (their veths go with them), then releases the lock.
+Names from before tokens (``rlpt<pid>-``) are swept when that PID is gone.
 
 Needs root and iproute2 (``ip netns``). `Cluster.unavailable` says why a cluster cannot be built
 here and how to run it, for pytest's skip.
 
 By hand (as root)::
 
-    python tests/netns_cluster.py up trainer0 trainer1 rollout0     # prints each host's address
-    ip netns exec rlpt<pid>-trainer0 ping -c1 10.<net>.0.3
-    python tests/netns_cluster.py down                               # removes every rlpt* namespace
+    python tests/netns_cluster.py up trainer0 trainer1 rollout0   # prints the token, each host's address
+    ip netns exec rlpt<token>-trainer0 ping -c1 10.<net>.0.3
+    python tests/netns_cluster.py down <token>                     # removes that cluster only
+    python tests/netns_cluster.py list                             # every cluster, held or free
+
+``up`` leaves a keeper process (``sleep infinity``, its PID in the lock file) holding the lock,
+so that no sweep takes the cluster while it is in use; ``down TOKEN`` stops it.
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from typing import Sequence
 
 PREFIX = "rlpt"
+LOCKS = "/run/rlpt-clusters"  # a tmpfs, like /run/netns: cleared with the namespaces at boot
 
 
 def _ip(*args: str, check: bool = True) -> str:
@@ -73,15 +87,101 @@ def delete_namespace(name: str) -> None:
     _ip("netns", "del", name, check=False)
 
 
-def sweep() -> list[str]:
-    """Delete the namespaces of earlier runs whose building process is gone; returns their names."""
-    gone = []
+def lock_path(token: str) -> str:
+    return os.path.join(LOCKS, f"{token}.lock")
+
+
+def take_lock(token: str) -> int | None:
+    """The fd holding ``token``'s lock (created if absent), or None while another process holds it."""
+    os.makedirs(LOCKS, exist_ok=True)
+    while True:
+        fd = os.open(lock_path(token), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.stat(lock_path(token)).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # a sweep released (unlinked) the file between our open and lock: take the new one
+
+
+def release_lock(token: str, fd: int) -> None:
+    """Unlink while holding, then close: nobody can lock the old file and believe it current."""
+    try:
+        os.unlink(lock_path(token))
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+
+
+def clusters() -> dict[str, list[str]]:
+    """token -> its namespaces, for every ``rlpt<token>-*`` namespace on the machine."""
+    found: dict[str, list[str]] = {}
     for name in namespaces():
-        owner = name[len(PREFIX):].split("-", 1)[0]
-        if name.startswith(PREFIX) and owner.isdigit() and not _alive(int(owner)):
-            delete_namespace(name)
-            gone.append(name)
+        if name.startswith(PREFIX) and "-" in name:
+            found.setdefault(name[len(PREFIX):].split("-", 1)[0], []).append(name)
+    return found
+
+
+def owner(token: str) -> dict:
+    """What the lock file says of its holder (``{"pid": ..., "keeper": ..., "hosts": ...}``), {} if nothing."""
+    try:
+        with open(lock_path(token)) as f:
+            return json.loads(f.read() or "{}")
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def sweep() -> list[str]:
+    """Delete the namespaces of clusters nobody holds (their builder is gone); returns their names."""
+    gone = []
+    for token, names in clusters().items():
+        if token.isdigit():  # named after its builder's PID (before tokens): gone when that PID is
+            if not _alive(int(token)):
+                for name in names:
+                    delete_namespace(name)
+                gone += names
+            continue
+        fd = take_lock(token)
+        if fd is None:
+            continue  # held: a live run's, or one kept by `up`
+        try:
+            for name in clusters().get(token, []):  # read again under the lock
+                delete_namespace(name)
+                gone.append(name)
+        finally:
+            release_lock(token, fd)
     return gone
+
+
+def down(token: str) -> list[str]:
+    """Remove the cluster ``token`` kept by ``up``: stop its keeper, delete its namespaces."""
+    held = owner(token)
+    if token not in clusters() and not held:
+        raise KeyError(f"no cluster {token!r} here (clusters: {sorted(clusters())})")
+    if held.get("keeper"):
+        _stop_pids([held["keeper"]])
+    elif held.get("pid") and _alive(held["pid"]):
+        raise RuntimeError(f"cluster {token!r} belongs to the running process {held['pid']} (not kept by `up`): "
+                           "it removes its own cluster when it ends")
+    fd = None
+    deadline = time.monotonic() + 10
+    while fd is None:
+        fd = take_lock(token)
+        if fd is None and time.monotonic() > deadline:
+            raise RuntimeError(f"the lock of cluster {token!r} ({lock_path(token)}) is still held")
+        time.sleep(0.05 if fd is None else 0)
+    try:
+        names = clusters().get(token, [])
+        for name in names:
+            delete_namespace(name)
+        return names
+    finally:
+        release_lock(token, fd)
 
 
 class Cluster:
@@ -90,22 +190,46 @@ class Cluster:
     Args:
         hosts: host names, e.g. ``["trainer0", "trainer1", "rollout0"]``; each gets an address
             in order (``10.<net>.0.1``, ``.2``, ...).
-        net: the second octet of the addresses (default: from the PID, so two runs differ).
+        net: the second octet of the addresses (default: from the token, so two clusters differ).
+        token: the cluster's name (default: a fresh ``c`` + 8 hex digits); its lock must be free.
     """
 
-    def __init__(self, hosts: Sequence[str], net: int | None = None):
+    def __init__(self, hosts: Sequence[str], net: int | None = None, token: str | None = None):
         if len(set(hosts)) != len(hosts) or not hosts:
             raise ValueError(f"host names must be distinct and at least one, got {list(hosts)}")
-        self.tag = f"{PREFIX}{os.getpid()}"
-        self.net = 100 + os.getpid() % 100 if net is None else net
+        # A letter first: a token is never a PID (older runs named their namespaces rlpt<pid>-).
+        self.token = token or f"c{secrets.token_hex(4)}"
+        if self.token.isdigit() or "-" in self.token:
+            raise ValueError(f"a cluster token has no '-' and is not a number, got {self.token!r}")
+        self._lock = take_lock(self.token)
+        if self._lock is None:
+            raise RuntimeError(f"cluster {self.token!r} is held by another process ({owner(self.token)})")
+        self.tag = f"{PREFIX}{self.token}"
+        self.net = 100 + zlib.crc32(self.token.encode()) % 100 if net is None else net
         self.switch = f"{self.tag}-sw"
         self.hosts = {h: f"10.{self.net}.0.{i + 1}" for i, h in enumerate(hosts)}
         self._made: list[str] = []
+        self._record(keeper=None)
         try:
             self._build()
         except BaseException:
             self.close()
             raise
+
+    def _record(self, keeper: int | None) -> None:
+        """Who holds the cluster, in its lock file (read by `owner`, `down` and `list`)."""
+        state = json.dumps({"pid": os.getpid(), "keeper": keeper, "hosts": self.hosts}).encode()
+        os.ftruncate(self._lock, 0)
+        os.pwrite(self._lock, state, 0)
+
+    def keep(self) -> int:
+        """Leave the cluster up after this process ends: a keeper (``sleep infinity``) holds the
+        lock from now on, until `down` stops it by the PID written in the lock file."""
+        keeper = subprocess.Popen(["sleep", "infinity"], pass_fds=[self._lock], start_new_session=True,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._record(keeper=keeper.pid)
+        self._made.clear()  # no longer this object's to delete
+        return keeper.pid
 
     @staticmethod
     def unavailable() -> str | None:
@@ -169,10 +293,13 @@ class Cluster:
         return [int(p) for p in _ip("netns", "pids", self.namespace(host), check=False).split()]
 
     def close(self) -> None:
-        """Stop every process on every host by PID and delete the namespaces; safe to call twice."""
+        """Stop every process on every host by PID, delete the namespaces, release the lock; safe twice."""
         for name in reversed(self._made):
             delete_namespace(name)
         self._made.clear()
+        if self._lock is not None:
+            release_lock(self.token, self._lock)
+            self._lock = None
 
     def __enter__(self) -> "Cluster":
         return self
@@ -182,23 +309,34 @@ class Cluster:
 
 
 def main(argv: Sequence[str]) -> int:
-    if not argv or argv[0] not in ("up", "down"):
+    if not argv or argv[0] not in ("up", "down", "list") or (argv[0] == "down" and len(argv) != 2):
         print(__doc__)
         return 2
+    if argv[0] == "list":
+        for token, names in sorted(clusters().items()):
+            fd = None if token.isdigit() else take_lock(token)
+            if fd is not None:
+                os.close(fd)  # only looked: a free lock file stays for the next sweep
+            print(f"{token}\t{'free' if fd is not None else 'held'}\t{owner(token)}\t{' '.join(names)}")
+        return 0
     if argv[0] == "down":
-        for name in namespaces():
-            if name.startswith(PREFIX):
-                delete_namespace(name)
+        try:
+            for name in down(argv[1]):
                 print("deleted", name)
+        except (KeyError, RuntimeError) as err:
+            print(f"cannot remove cluster {argv[1]}: {err.args[0]}", file=sys.stderr)
+            return 1
         return 0
     why = Cluster.unavailable()
     if why:
         print(f"cannot build a cluster here: {why}", file=sys.stderr)
         return 1
     cluster = Cluster(argv[1:] or ["trainer0", "trainer1", "rollout0"])
+    keeper = cluster.keep()
+    print(f"token {cluster.token}")
     for host, address in cluster.hosts.items():
         print(f"{host}\t{cluster.namespace(host)}\t{address}")
-    print("left running; `python tests/netns_cluster.py down` removes it")
+    print(f"kept by process {keeper}; `python tests/netns_cluster.py down {cluster.token}` removes it")
     return 0
 
 

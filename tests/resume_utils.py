@@ -10,11 +10,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from conftest import WALL_CLOCK, quiet_trainer
+from conftest import NOT_COMPARED, quiet_trainer
 
 
-def read_rows(root: str) -> dict[int, dict[str, float]]:
-    """``{step: {metric: value}}`` merged over every metrics.csv under ``root``."""
+def read_rows(root: str, skip: tuple[str, ...] = NOT_COMPARED) -> dict[int, dict[str, float]]:
+    """``{step: {metric: value}}`` merged over every metrics.csv under ``root``, less ``skip``'s prefixes."""
     out: dict[int, dict[str, float]] = {}
     for path in sorted(glob.glob(os.path.join(root, "**", "metrics.csv"), recursive=True)):
         with open(path) as f:
@@ -22,7 +22,7 @@ def read_rows(root: str) -> dict[int, dict[str, float]]:
                 step = int(row.pop("step"))
                 row.pop("epoch", None)
                 out.setdefault(step, {}).update({k: float(v) for k, v in row.items()
-                                                 if v != "" and not k.startswith(WALL_CLOCK)})
+                                                 if v != "" and not k.startswith(skip)})
     return out
 
 

@@ -8,10 +8,13 @@ Metrics go to ``runs/arithmetic/`` (CSV) with a PNG of the curves beside them.
 
     python examples/arithmetic/run.py            # the full demo (~2-3 minutes)
     python examples/arithmetic/run.py --steps 20 # a shorter run
+    python examples/arithmetic/run.py --json benchmarks/results/demo.json  # the figures docs/results.md renders
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import sys
 import time
@@ -22,6 +25,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import demo_report  # noqa: E402  (examples/arithmetic/demo_report.py)
 import task  # noqa: E402
 
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
@@ -51,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/arithmetic")
     parser.add_argument("--accelerator", default="cpu", help="Lightning accelerator: cpu, cuda or auto")
+    parser.add_argument("--json", default=None, help="also write the result and the settings to this JSON file")
     args = parser.parse_args(argv)
     L.seed_everything(args.seed, verbose=False)
     module, data = build(args)
@@ -64,10 +69,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     seconds = time.time() - start
     after = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
     png = plot_metrics(os.path.join(logger.log_dir, "metrics.csv"), os.path.join(logger.log_dir, "curves.png"))
-    print(f"\nheld-out accuracy (greedy, 300 sums): before {before:.1%}  after {after:.1%}  "
-          f"gain {100 * (after - before):+.1f} points  ({args.steps} GRPO steps in {seconds:.0f} s)")
+    print("\n" + demo_report.summary({"before": before, "after": after, "steps": args.steps, "seconds": seconds}))
     print(f"metrics: {os.path.join(logger.log_dir, 'metrics.csv')}\ncurves:  {png}")
-    return {"before": before, "after": after, "seconds": seconds}
+    result = {"before": before, "after": after, "seconds": seconds}
+    if args.json:  # benchmarks/headlines.py renders the README's and docs/results.md's demo figures from it
+        settings = {k: getattr(args, k) for k in ("steps", "prompts", "group_size", "lr", "kl_coef", "seed")}
+        with open(args.json, "w") as f:
+            json.dump({**result, **settings, "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+                       "torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "load_after": os.getloadavg()[0]}, f, indent=1)
+    return result
 
 
 if __name__ == "__main__":

@@ -42,8 +42,17 @@ def prompt_text(tokenizer, prompt: list[dict], tools: bool) -> str:
 def greedy_episodes(model, tokenizer, rows: list[dict], tools: bool = True, max_turns: int = 3,
                     max_new_tokens: int = 64, temperature: float = 0.0) -> list[str]:
     """Each row's whole episode as text (prompt excluded), decoded without special tokens
-    (greedy, or sampled at ``temperature`` > 0)."""
+    (greedy, or sampled at ``temperature`` > 0). The model is left in the mode it came in: a policy
+    left in eval mode would train in it (Lightning warns of it at the fit's start)."""
+    training = model.training
     model.eval()
+    try:
+        return _episodes(model, tokenizer, rows, tools, max_turns, max_new_tokens, temperature)
+    finally:
+        model.train(training)
+
+
+def _episodes(model, tokenizer, rows, tools, max_turns, max_new_tokens, temperature) -> list[str]:
     contexts = [tokenizer(prompt_text(tokenizer, r["prompt"], tools), add_special_tokens=False)["input_ids"]
                 for r in rows]
     start = [len(c) for c in contexts]

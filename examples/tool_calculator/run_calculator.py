@@ -10,11 +10,14 @@ them plots reward and tool-call frequency over training for both arms.
 
     python examples/tool_calculator/run_calculator.py  # both arms (needs a warm start: docs/agents_example.md)
     python examples/tool_calculator/run_calculator.py --steps 5  # a short run
+    python examples/tool_calculator/run_calculator.py --json benchmarks/results/tool_calculator.json  # make calculator
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
+import json
 import os
 import sys
 import time
@@ -28,6 +31,7 @@ sys.path.insert(0, HERE)
 import greedy_eval as evaluate  # noqa: E402  (examples/tool_calculator/greedy_eval.py)
 import calculator as task  # noqa: E402
 import make_traces  # noqa: E402
+import calculator_report  # noqa: E402  (examples/tool_calculator/calculator_report.py)
 
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
 
@@ -114,18 +118,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--eval-n", type=int, default=task.HELD_OUT, help="held-out products evaluated (all 200)")
     parser.add_argument("--arms", default="tools,no_tools", help="comma-separated: tools, no_tools")
     parser.add_argument("--out", default="runs/tool_calculator")
+    parser.add_argument("--json", default=None, help="also write the results and the settings to this JSON file")
     args = parser.parse_args(argv)
     results = {arm: run_arm(args, arm == "tools") for arm in args.arms.split(",")}
     png = plot(results, os.path.join(args.out, "comparison.png"))
     n = len(task.split_pairs()[2][:args.eval_n])
-    print(f"held-out products: {n}; before -> after {args.steps} GRPO steps")
-    print("| arm | accuracy, greedy | accuracy, sampled (T=1) | tool calls, greedy | tool calls, sampled | GRPO time |")
-    print("|---|---|---|---|---|---|")
-    for arm, r in results.items():
-        cells = [f"{r[k + '_before']:.1%} → {r[k + '_after']:.1%}" for k in ("accuracy", "sampled_accuracy", "calls",
-                                                                             "sampled_calls")]
-        print(f"| {arm} | " + " | ".join(cells) + f" | {r['seconds']:.0f} s |")
+    print(calculator_report.table(results, args.steps, n))
     print(f"plot: {png}")
+    if args.json:  # benchmarks/headlines.py renders docs/results.md's table and the README's line from it
+        settings = {k: getattr(args, k) for k in ("steps", "prompts", "group_size", "max_new_tokens", "lr", "seed")}
+        with open(args.json, "w") as f:
+            json.dump({"arms": {a: {k: v for k, v in r.items() if k != "metrics"} for a, r in results.items()},
+                       "held_out": n, **settings, "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+                       "torch": torch.__version__}, f, indent=1)
     return results
 
 

@@ -53,7 +53,7 @@ def aggregate_loss(
             this batch's).
         num_ranks: ``bnpo``: the data-parallel ranks whose token means are averaged.
 
-    Example:
+    Examples:
         >>> loss = torch.tensor([[1., 3.], [2., 0.]]); mask = torch.tensor([[1., 1.], [1., 0.]])
         >>> aggregate_loss(loss, mask, "token-mean").item()
         2.0

@@ -32,13 +32,16 @@ def check_mode(mode: str | None, cap: float) -> None:
 
 
 def log_ratio(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return clamp_log_ratio(old_logprobs - behaviour_logprobs) * mask
+    """``log(π_old/π_behav)`` per token, clamped, 0 on padding and where the engine gave no
+    log-prob (NaN): such a token's weight is 1, no correction, as TRL's ``nan_to_num`` makes it."""
+    return torch.nan_to_num(clamp_log_ratio(old_logprobs - behaviour_logprobs) * mask, nan=0.0)
 
 
 def sequence_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[N]`` detached sequence IS weights ``exp(Σ_t mask·(old − behaviour))`` in float64, the
     log clamped to ±MAX_LOG_RATIO (`safe_ratio`); 1 for a row without masked tokens."""
-    return safe_ratio(((old_logprobs.detach().double() - behaviour_logprobs.double()) * mask.double()).sum(-1))
+    return safe_ratio(torch.nan_to_num((old_logprobs.detach().double() - behaviour_logprobs.double()) * mask.double(),
+                                       nan=0.0).sum(-1))
 
 
 def correction_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -57,12 +60,13 @@ def correction_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Ten
 def mismatch_metrics(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     """TRL's ``sampling/importance_sampling_ratio/*`` (token level) and ``sampling/logp_diff/*``."""
     m = mask.bool()
-    d = (old_logprobs.detach() - behaviour_logprobs)[m]
-    if d.numel() == 0:
+    raw = old_logprobs.detach() - behaviour_logprobs
+    d = raw[m & ~raw.isnan()]  # a token the engine could not score is left out of the differences (TRL too)
+    if raw[m].numel() == 0:
         return {}
-    ratio = safe_ratio(d)
+    ratio = safe_ratio(torch.nan_to_num(raw, nan=0.0)[m])  # ... and weighs 1
     return {"sampling/importance_sampling_ratio/min": ratio.min().item(),
             "sampling/importance_sampling_ratio/mean": ratio.mean().item(),
             "sampling/importance_sampling_ratio/max": ratio.max().item(),
-            "sampling/logp_diff/mean": d.abs().mean().item(),
-            "sampling/logp_diff/max": d.abs().max().item()}
+            "sampling/logp_diff/mean": d.abs().mean().item() if d.numel() else 0.0,
+            "sampling/logp_diff/max": d.abs().max().item() if d.numel() else 0.0}

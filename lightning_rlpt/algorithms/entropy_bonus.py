@@ -6,7 +6,8 @@ bonus is the same token mean whatever the policy term's aggregation ("not rescal
 type's policy normalization", so ``c`` means the same for every loss): the sum of the
 entropies over the whole mini-batch's trained tokens (every rank) divided by their count, the
 normaliser of TRL's default ``loss_type="dapo"``. With ``top_entropy_quantile`` < 1 only the
-kept high-entropy tokens contribute, divided by the same count (TRL's ``dapo`` path). The
+kept high-entropy tokens contribute, and the mean is over them: divided by the kept tokens'
+count (TRL 1.16 divides by ``(mask * entropy_mask).sum()``). The
 entropy carries gradient (``policy_logprobs(..., entropy_grad=True)``; the fused kernel has its
 own entropy backward), so a positive ``c`` pushes the policy toward higher entropy.
 """
@@ -31,14 +32,15 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, num_tokens: float,
     Args:
         entropy: ``[N, C]`` per-token entropies, with grad.
         mask: ``[N, C]`` the trained tokens.
-        num_tokens: the mini-batch's trained tokens over every rank (the shares then add up, over
-            micro-batches and ranks, to the mean).
+        num_tokens: the mini-batch's tokens the bonus acts on, over every rank: the trained tokens,
+            or with ``policy_mask`` the kept ones (the shares then add up, over micro-batches and
+            ranks, to the mean).
         policy_mask: the tokens that keep the policy-gradient term (``top_entropy_quantile``), or None.
 
-    Example:
+    Examples:
         >>> h = torch.tensor([[1.0, 3.0], [2.0, 9.0]]); m = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
         >>> entropy_bonus(h, m, num_tokens=3).item()
         2.0
     """
     kept = mask if policy_mask is None else mask * policy_mask
-    return (entropy.float() * kept).sum() / max(float(num_tokens), 1.0)
+    return (entropy.to(torch.promote_types(entropy.dtype, torch.float32)) * kept).sum() / max(float(num_tokens), 1.0)

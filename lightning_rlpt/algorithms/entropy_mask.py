@@ -54,7 +54,7 @@ def entropy_threshold(entropy: torch.Tensor, mask: torch.Tensor, rho: float,
 
     Returns a 0-dim tensor; ``+inf`` (no token kept) when no rank has a trained token.
 
-    Example:
+    Examples:
         >>> e = torch.tensor([[0.1, 0.5, 0.9], [0.7, 0.3, 9.0]]); m = torch.tensor([[1, 1, 1], [1, 1, 0]])
         >>> round(entropy_threshold(e, m, 0.5).item(), 4)  # the median of 0.1 0.3 0.5 0.7 0.9
         0.5
@@ -70,7 +70,7 @@ def entropy_threshold(entropy: torch.Tensor, mask: torch.Tensor, rho: float,
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: torch.Tensor | float) -> torch.Tensor:
     """``[N, C]`` float: 1 where ``mask`` is set and the entropy reaches ``threshold``.
 
-    Example:
+    Examples:
         >>> e = torch.tensor([[0.1, 0.5, 0.9], [0.7, 0.3, 9.0]]); m = torch.tensor([[1, 1, 1], [1, 1, 0]])
         >>> high_entropy_mask(e, m, 0.5).tolist()
         [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]

@@ -17,10 +17,15 @@ Per token, with ``δ = logπ - logπ_ref`` on a token sampled from the policy:
   arXiv 2512.02556). Its value is an unbiased estimate of ``KL(π‖π_ref)`` off-policy too; its
   gradient is exactly ``k1``'s, token by token (see `k3_ratio_loss`).
 
+- ``k3_seq_ratio``: ``k3 · s``, ``s`` the *sequence's* differentiable ratio
+  ``exp(mean_t log(π/π_old))``: TRL's ``use_bias_correction_kl=True`` under
+  ``importance_sampling_level="sequence"`` (GSPO), where TRL's ratio is the sequence's.
+
 - ``future_k1``: the sequence-level reverse-KL gradient through a KL return-to-go (FRPO style).
 
-Whatever the estimator, the module logs ``kl`` as the token mean of k3's *value*, a
-non-negative unbiased estimate of ``KL(π‖π_ref)`` on the rollout (what TRL logs).
+The module logs ``kl`` as the token mean of `kl_metric`: k3's *value*, a non-negative unbiased
+estimate of ``KL(π‖π_ref)`` on the rollout, times the ratio for the ratio-corrected estimators
+(TRL logs the KL term it adds, bias correction included).
 Every estimator has the signature ``fn(logprobs, ref_logprobs, old_logprobs, mask) -> [N, C]``
 (``mask`` lets sequence-level modes such as a future-KL return-to-go ignore padding); register
 new ones with ``@KL_ESTIMATORS.register(name)``.
@@ -77,9 +82,40 @@ def k3_ratio_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logpro
     return k3_loss(logprobs, ref_logprobs, old_logprobs) * ratio
 
 
+@KL_ESTIMATORS.register("k3_seq_ratio")
+def k3_seq_ratio_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per token ``k3 · s`` with ``s = exp(Σ_t mask·log(π/sg(π_old)) / |y|)``, differentiable.
+
+    TRL's ``use_bias_correction_kl=True`` at ``importance_sampling_level="sequence"`` multiplies k3
+    by the same length-normalised sequence ratio GSPO clips (DeepSeek-AI, "DeepSeek-V3.2",
+    arXiv 2512.02556, with GSPO's ratio: Zheng et al., arXiv 2507.18071); its gradient reaches
+    every token of the row through ``s``, so even on-policy (``s = 1``) it differs from
+    ``k3_ratio``'s. The mean log-ratio is clamped as `safe_ratio` clamps every exponent.
+    """
+    if mask is None:
+        mask = torch.ones_like(logprobs)
+    mask = mask.to(logprobs.dtype)
+    log_ratio = ((logprobs - old_logprobs.detach()) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    return k3_loss(logprobs, ref_logprobs, old_logprobs) * safe_ratio(log_ratio)
+
+
+# The estimators whose value is k3 times a ratio: the ``kl`` metric is that product, as TRL logs it.
+RATIO_CORRECTED = ("k3_ratio", "k3_seq_ratio")
+
+
 def kl_value(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 value, detached: the ``kl`` metric."""
+    """Per-token k3 value, detached."""
     return k3_loss(logprobs.detach(), ref_logprobs, logprobs.detach())
+
+
+def kl_metric(estimator: str, logprobs: torch.Tensor, ref_logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+              mask: torch.Tensor) -> torch.Tensor:
+    """Per-token values of the ``kl`` metric, detached: k3, times the estimator's ratio for
+    `RATIO_CORRECTED` ones (TRL logs ``per_token_kl`` after its bias correction)."""
+    if estimator in RATIO_CORRECTED:
+        return KL_ESTIMATORS.get(estimator)(logprobs.detach(), ref_logprobs, old_logprobs, mask).detach()
+    return kl_value(logprobs, ref_logprobs)
 
 
 

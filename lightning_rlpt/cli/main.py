@@ -4,7 +4,7 @@
 every argument of both, the Trainer's and its callbacks' are config keys (``--print_config``
 shows them all). ``plot`` and ``export`` are small commands of their own. See docs/cli.md.
 
-Example:
+Examples:
     $ lightning-rlpt fit --config examples/arithmetic/config.yaml --trainer.max_steps 20
     $ lightning-rlpt plot runs/arithmetic-cli
     $ lightning-rlpt export runs/arithmetic-cli/lightning_logs/version_0/checkpoints/epoch=0-step=200.ckpt out/
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Args:
         argv: the arguments after the program name (default ``sys.argv[1:]``).
 
-    Example:
+    Examples:
         >>> main(["plot", "runs/arithmetic-cli", "--out", "curves.png"])  # doctest: +SKIP
         0
     """
@@ -132,7 +132,7 @@ def find_metrics(run_dir: str) -> str:
     """The ``metrics.csv`` of a run: ``run_dir`` itself, in it, or below it (the newest one
     when several versions exist).
 
-    Example:
+    Examples:
         >>> find_metrics("runs/arithmetic-cli")  # doctest: +SKIP
         'runs/arithmetic-cli/lightning_logs/version_0/metrics.csv'
     """

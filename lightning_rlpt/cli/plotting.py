@@ -5,7 +5,13 @@ import csv
 import os
 
 CURVES = [("reward", "reward"), ("val/accuracy", "held-out accuracy"), ("kl", "KL to reference"),
-          ("entropy", "entropy"), ("completions/mean_length", "completion length")]
+          ("entropy", "entropy"), ("completions/mean_length", "completion length"),
+          ("learning_rate", "learning rate"), ("throughput/tokens_per_s", "throughput (tokens/s)"),
+          ("sampling/parity_max", "parity probe: max |Δ log p|"),
+          ("sampling/logp_diff/max", "sampled vs trained: max |Δ log p|")]
+# The rollout engine's log-probs against the trainer's: ~1e-7 to 1, and 0 when they agree exactly.
+LOG_Y = ("sampling/parity_max", "sampling/logp_diff/max")
+COLUMNS = 5
 
 
 def read_metrics(path: str) -> dict[str, list[tuple[float, float]]]:
@@ -23,7 +29,8 @@ def read_metrics(path: str) -> dict[str, list[tuple[float, float]]]:
 
 
 def plot_metrics(csv_path: str, png_path: str) -> str:
-    """Write one panel per standard curve present in ``csv_path``; returns ``png_path``."""
+    """Write one panel per standard curve present in ``csv_path`` (rows of up to ``COLUMNS``);
+    returns ``png_path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,10 +40,16 @@ def plot_metrics(csv_path: str, png_path: str) -> str:
     panels = [(k, title) for k, title in CURVES if k in series]
     if not panels:
         raise ValueError(f"{csv_path!r} holds none of the metrics {[k for k, _ in CURVES]}")
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), squeeze=False)
-    for ax, (key, title) in zip(axes[0], panels):
+    cols = min(len(panels), COLUMNS)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.remove()
+    for ax, (key, title) in zip(axes.flat, panels):
         steps, values = zip(*series[key])
         ax.plot(steps, values, marker="o" if len(values) < 20 else None)
+        if key in LOG_Y:
+            ax.set_yscale("symlog", linthresh=1e-8)  # a log axis that also shows an exact 0
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

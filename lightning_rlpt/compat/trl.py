@@ -21,11 +21,11 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .trl_checks import (CORRECTION, LOSS_AGGREGATION, POLICY_LOSS, SCALE_REWARDS, check_choices, min_lr_ratio,
-                         scale_rewards, steps_per_generation)
-from .trl_fields import DOC, IGNORED, REFUSED, TRL_DEFAULTS, GRPOConfig, unknown_fields
+from .trl_checks import (CORRECTION, LOSS_AGGREGATION, POLICY_LOSS, SCALE_REWARDS, VESPO_MODE, check_choices,
+                         min_lr_ratio, scale_rewards, steps_per_generation)
+from .trl_fields import DOC, IGNORED, KNOWN, REFUSED, REMOVED, TRL_DEFAULTS, GRPOConfig, unknown_fields
 
-__all__ = ["CORRECTION", "DOC", "GRPOConfig", "IGNORED", "LOSS_AGGREGATION", "REFUSED", "TRL_DEFAULTS", "TRL_NAMES",
+__all__ = ["CORRECTION", "DOC", "GRPOConfig", "IGNORED", "LOSS_AGGREGATION", "REFUSED", "REMOVED", "TRL_DEFAULTS", "TRL_NAMES",
            "TRLArgs", "RefusesTRLNames", "check_trl_names", "from_grpo_config"]
 
 _SCHEDULE = "lr_scheduler=functools.partial(WarmupLinearLR or WarmupCosineLR, warmup_steps=...)"
@@ -90,7 +90,7 @@ def check_trl_names(owner: str, kwargs: dict[str, Any]) -> None:
         owner: the class name, for the message.
         kwargs: the keyword arguments given.
 
-    Example:
+    Examples:
         >>> check_trl_names("RLModule", {"beta": 0.04})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -114,7 +114,8 @@ def from_grpo_config(config: Any) -> TRLArgs:
     ``scale_rewards`` selects the advantage (``group``: ``grpo``, ``batch``: ``grpo_batch_std``,
     both with TRL's ε 1e-4; ``none``: ``dr_grpo``), and ``multi_objective_aggregation=
     "normalize_then_sum"`` takes ``grpo_batch_std`` whatever ``scale_rewards`` says, as TRL does;
-    ``use_bias_correction_kl=False`` is our ``k3``, True our ``k3_ratio``; TRL's batch sizes count
+    ``use_bias_correction_kl=False`` is our ``k3``, True (TRL 1.16's default) our ``k3_ratio``, or
+    ``k3_seq_ratio`` at ``importance_sampling_level="sequence"``; TRL's batch sizes count
     completions, ``PromptDataModule``'s counts prompts (``per_device_train_batch_size ×
     steps_per_generation / num_generations`` per rank), with ``minibatch_size`` the completions of
     one optimizer step and ``micro_batch_size`` those of one forward. A dict's unknown keys are
@@ -129,7 +130,7 @@ def from_grpo_config(config: Any) -> TRLArgs:
     Raises:
         ValueError: fields set to what this project cannot honour, each named with what to use.
 
-    Example:
+    Examples:
         >>> args = from_grpo_config({"beta": 0.04, "loss_type": "grpo", "num_generations": 4,
         ...                          "per_device_train_batch_size": 8, "max_steps": 100})
         >>> args.module["kl_coef"], args.module["loss_aggregation"], args.data["batch_size"], args.trainer["max_steps"]
@@ -146,22 +147,36 @@ def from_grpo_config(config: Any) -> TRLArgs:
 
 
 def _fields(config: Any) -> dict[str, Any]:
-    """The config's fields as a dict; a dict's unknown keys are refused (nothing checks them otherwise)."""
+    """The config's fields as a dict; a dict's unknown keys are refused (nothing checks them otherwise).
+    A real ``GRPOConfig``'s fields that no table knows (a newer TRL's) are refused when set away from
+    their default, so a knob is never dropped without a word."""
     if isinstance(config, dict):
         problem = unknown_fields(config)
         if problem:
             raise ValueError(problem)
         return dict(config)
     if dataclasses.is_dataclass(config):
-        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+        new = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config)
+               if f.name not in KNOWN and getattr(config, f.name) != _default(f)]
+        if new:
+            raise ValueError(f"GRPOConfig field(s) {new} are not known to this version of lightning_rlpt (a newer TRL?): "
+                             f"they are neither mapped nor refused nor ignored; leave them at their default (see {DOC})")
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in KNOWN}
     return dict(vars(config))
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """A dataclass field's declared default (its factory's value)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _module(cfg: dict[str, Any]) -> dict[str, Any]:
     """RLModule's keyword arguments (the objective and the optimization)."""
     b, accumulate = cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"]
     out = dict(objective="grpo", group_size=cfg["num_generations"], kl_coef=float(cfg["beta"]),
-               kl_estimator="k3_ratio" if cfg["use_bias_correction_kl"] else "k3", **_advantage(cfg),
+               kl_estimator=_kl_estimator(cfg), **_advantage(cfg),
                loss_aggregation=LOSS_AGGREGATION[cfg["loss_type"]], **_policy_loss(cfg),
                entropy_coef=float(cfg["entropy_coef"]), multi_objective_aggregation=cfg["multi_objective_aggregation"],
                lr=cfg["learning_rate"], max_grad_norm=cfg["max_grad_norm"], seed=cfg["seed"],
@@ -181,6 +196,14 @@ def _module(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg["lr_scheduler_type"] != "constant":
         out["lr_scheduler"] = _schedule(cfg)
     return out
+
+
+def _kl_estimator(cfg: dict[str, Any]) -> str:
+    """TRL's k3, times its importance ratio under ``use_bias_correction_kl`` (True by default in
+    TRL 1.16): the token's ratio, or the sequence's at ``importance_sampling_level="sequence"``."""
+    if not cfg["use_bias_correction_kl"]:
+        return "k3"
+    return "k3_seq_ratio" if cfg["importance_sampling_level"] == "sequence" else "k3_ratio"
 
 
 def _advantage(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -203,9 +226,11 @@ def _policy_loss(cfg: dict[str, Any]) -> dict[str, Any]:
                                          temperature_neg=cfg["sapo_temperature_neg"])
     elif loss == "vespo":
         out["policy_loss_kwargs"] = {k: cfg[f"vespo_{k}"] for k in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}
-        # TRL's kernel reads the token-truncated sampler ratio (get_gamma_weights): the same cap here
+        # TRL's kernel reads the sampler ratio of its token mode (get_gamma_weights), none with the correction off
         out["policy_loss_kwargs"]["behaviour_cap"] = cfg["vllm_importance_sampling_cap"] or \
             cfg["vllm_importance_sampling_clip_max"]
+        out["policy_loss_kwargs"]["behaviour_mode"] = VESPO_MODE.get(cfg["vllm_importance_sampling_mode"]) \
+            if cfg["vllm_importance_sampling_correction"] else None
     return out
 
 
@@ -217,12 +242,12 @@ OVERRIDES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "
 
 
 def _generation(cfg: dict[str, Any]) -> dict[str, Any]:
-    """`SamplingConfig` fields; TRL does not truncate prompts unless ``max_prompt_length`` is given.
+    """`SamplingConfig` fields; TRL 1.16 does not truncate prompts (its ``max_prompt_length`` is gone).
     ``generation_kwargs`` pass through, except the keys that override a sampling field in TRL,
     which set that field."""
     out = dict(max_new_tokens=cfg["max_completion_length"], temperature=cfg["temperature"], top_p=cfg["top_p"],
                top_k=cfg["top_k"] or 0, min_p=cfg["min_p"] or 0.0, repetition_penalty=cfg["repetition_penalty"],
-               max_prompt_length=cfg["max_prompt_length"])
+               max_prompt_length=None)
     if cfg["chat_template_kwargs"] is not None:
         out["chat_template_kwargs"] = dict(cfg["chat_template_kwargs"])
     extra = dict(cfg["generation_kwargs"] or {})
@@ -248,7 +273,7 @@ def _schedule(cfg: dict[str, Any]) -> Any:
     warm-up; the length is left to the run (``max_steps``, or the epochs' steps), as TRL's follows its run."""
     from ..optim.schedules import WarmupCosineLR, WarmupLinearLR  # lazily: this module stays free of torch
 
-    warmup = cfg["warmup_steps"] or float(cfg["warmup_ratio"])  # a float < 1 is a fraction, as in transformers
+    warmup = cfg["warmup_steps"]  # a float < 1 is a fraction of the run, as in transformers
     if cfg["lr_scheduler_type"] == "linear":
         return functools.partial(WarmupLinearLR, warmup_steps=warmup)
     if cfg["lr_scheduler_type"] == "cosine":
@@ -272,6 +297,8 @@ def _trainer(cfg: dict[str, Any]) -> dict[str, Any]:
         out["max_epochs"] = int(cfg["num_train_epochs"])
     if cfg["output_dir"] is not None:
         out["default_root_dir"] = str(cfg["output_dir"])
+    if cfg["use_cpu"]:
+        out["accelerator"] = "cpu"
     if cfg["fp16"]:
         out["precision"] = "16-mixed"
     elif cfg["bf16"] or cfg["bf16"] is None:

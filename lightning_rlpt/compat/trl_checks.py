@@ -17,6 +17,8 @@ SCALE_REWARDS = {"group": "grpo", "batch": "grpo_batch_std", "none": "dr_grpo"}
 CORRECTION = {"token_truncate": "token_tis", "token_mask": "token_mis", "sequence_truncate": "seq_tis",
               "sequence_mask": "seq_mis"}
 SCHEDULES = ("linear", "cosine", "cosine_with_min_lr", "constant")
+# TRL's token-level correction modes as VESPO's ``behaviour_mode`` (TRL refuses VESPO with the sequence ones).
+VESPO_MODE = {"token_truncate": "truncate", "token_mask": "mask"}
 
 
 def scale_rewards(cfg: dict[str, Any]) -> str:
@@ -38,7 +40,7 @@ def check_choices(cfg: dict[str, Any]) -> list[str]:
     if cfg["lr_scheduler_type"] not in SCHEDULES:
         out.append(f"lr_scheduler_type={cfg['lr_scheduler_type']!r}: use one of {list(SCHEDULES)}, or "
                    "RLModule(lr_scheduler=...)")
-    elif cfg["lr_scheduler_type"] == "constant" and (cfg["warmup_steps"] or cfg["warmup_ratio"]):
+    elif cfg["lr_scheduler_type"] == "constant" and cfg["warmup_steps"]:
         out.append(f"warmup with lr_scheduler_type='constant': use 'linear' or 'cosine' (TRL's "
                    "'constant_with_warmup' is not mapped)")
     elif cfg["lr_scheduler_type"] == "cosine_with_min_lr" and min_lr_ratio(cfg) is None:
@@ -65,6 +67,11 @@ def _check_loss(cfg: dict[str, Any]) -> list[str]:
         # different computation from the one the config asks for.
         out.append(f"importance_sampling_level={level!r} with loss_type={loss!r}: use {LEVEL[loss]!r} "
                    f"({loss} here is {LEVEL[loss]}-level only)")
+    mode = cfg["vllm_importance_sampling_mode"]
+    if loss == "vespo" and cfg["vllm_importance_sampling_correction"] and mode in CORRECTION and mode not in VESPO_MODE:
+        out.append(f"vllm_importance_sampling_mode={mode!r} with loss_type='vespo': VESPO weighs each token's sampler "
+                   "ratio inside its sequence weight, so TRL refuses the sequence modes too; use 'token_truncate' or "
+                   "'token_mask', or vllm_importance_sampling_correction=False")
     if loss == "bnpo" and cfg["gradient_accumulation_steps"] > 1:
         _warn_bnpo_accumulation(cfg["gradient_accumulation_steps"])
     return out

@@ -18,7 +18,7 @@ MESSAGE_FORM = "a string, or a list of {'role', 'content'} messages"
 def read_utf8(path: str) -> str:
     """The file's text; a byte sequence that is not UTF-8 is a ValueError naming the file and line.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> with tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False) as f:
         ...     _ = f.write(b'{"prompt": "caf\\xe9"}\\n')
@@ -50,14 +50,25 @@ def json_row_keys(path: str, text: str) -> tuple[list[Sequence[str]], list[int] 
             doc = None  # JSON lines in a .json file, which `datasets` reads too
         if doc is not None:
             rows = doc if isinstance(doc, list) else []
-            return [list(r) for r in rows if isinstance(r, dict)], None
+            _refuse_non_objects(path, [(f"item {i} of its list", row) for i, row in enumerate(rows)])
+            return [list(r) for r in rows], None
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     try:  # one parse of all lines is 3x faster than a parse per line; the slow path finds a bad line
         rows = json.loads("[" + ",".join(line for _, line in numbered) + "]")
     except ValueError:
         rows = [_parse_line(path, n, line) for n, line in numbered]
-    kept = [(n, row) for (n, _), row in zip(numbered, rows) if isinstance(row, dict)]
-    return [list(row) for _, row in kept], [n for n, _ in kept]
+    _refuse_non_objects(path, [(f"line {n}", row) for (n, _), row in zip(numbered, rows)])
+    return [list(row) for row in rows], [n for n, _ in numbered]
+
+
+def _refuse_non_objects(path: str, rows: list[tuple[str, Any]]) -> None:
+    """A row is a JSON object; another JSON value (``[1, 2]``, ``"text"``) is refused naming where it
+    is (``datasets`` fails on it without saying where, or drops it)."""
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"{where} of {path!r} is valid JSON but not an object: {_short(row)} ({_kind(row)}). "
+                             "Each row is one object of columns, e.g. {\"prompt\": \"1+1=\", \"answer\": \"2\"}: "
+                             "fix or remove that row")
 
 
 def _parse_line(path: str, n: int, line: str) -> Any:
@@ -77,7 +88,7 @@ def check_same_columns(keys: list[Sequence[str]], where: str, lines: list[int] |
         where: the file or dataset, for the message.
         lines: each row's line in the file, when it has lines.
 
-    Example:
+    Examples:
         >>> check_same_columns([["prompt", "answer"], ["prompt", "anwser"]], "rows.jsonl")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -102,7 +113,7 @@ def check_prompts(prompts: Sequence[Any], column: str, where: str) -> None:
     """Every prompt is a string or a non-empty list of message dicts; else a ValueError naming
     the first bad row and what it holds.
 
-    Example:
+    Examples:
         >>> check_prompts(["1+1=", None], "prompt", "training dataset")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...

@@ -49,6 +49,9 @@ def _load_path(path: str) -> list[dict[str, Any]]:
         raise ValueError(f"cannot read {path!r}: use .jsonl, .json, .parquet, .csv or a saved datasets directory")
     if ext != ".parquet":  # text: check its encoding and (JSON) every row's keys before `datasets` hides both
         text = read_utf8(path)
+        if not text.strip():  # `datasets` would fail with a bare StopIteration, naming no file
+            raise ValueError(f"prompt data {path!r} is empty: it holds no rows. Give it at least one row (for JSON "
+                             "lines, one object per line, e.g. {\"prompt\": \"1+1=\", \"answer\": \"2\"})")
         if kinds[ext] == "json":
             keys, lines = json_row_keys(path, text)
             check_same_columns(keys, repr(path), lines)
@@ -83,7 +86,7 @@ class PromptDataset(Dataset):
             column to ``"prompt"`` makes it the prompt column.
         name: what to call the dataset in error messages.
 
-    Example:
+    Examples:
         >>> rows = [{"question": "1+1=", "solution": "2"}]
         >>> PromptDataset(rows, columns={"question": "prompt", "solution": "answer"})[0]
         {'answer': '2', 'prompt': '1+1=', 'index': 0}
@@ -210,7 +213,7 @@ class PromptDataModule(L.LightningDataModule):
         val_batch_size: prompts per validation batch (default ``batch_size``).
         shuffle: shuffle training prompts each epoch (seeded by ``seed + epoch``).
 
-    Example:
+    Examples:
         >>> dm = PromptDataModule([{"prompt": "1+1=", "answer": "2"}] * 4, batch_size=2)
         >>> dm.setup("fit"); next(iter(dm.train_dataloader()))["answer"]
         ['2', '2']

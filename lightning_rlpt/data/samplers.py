@@ -77,7 +77,7 @@ class WeightedEpochSampler(EpochSampler):
         replacement: draw with replacement (default; the weights set how often a prompt is
             trained on) or without (each prompt at most once per epoch).
 
-    Example:
+    Examples:
         >>> s = WeightedEpochSampler(4, lambda: torch.tensor([0., 1., 1., 0.]), seed=0, batch_size=2, epoch_size=2,
         ...                          replacement=False)
         >>> s.set_epoch(0); sorted(s)

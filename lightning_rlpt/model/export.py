@@ -20,10 +20,14 @@ tensors fit it name by name and shape by shape, loads them, and only then writes
   the base quantised the same way (``quantization`` in the checkpoint's hyper-parameters) to
   reproduce the trained policy.
 
+The directory is written atomically: into a temp directory beside ``out_dir``, each file fsynced,
+then renamed to ``out_dir`` (`checkpoint_io.atomic_directory`); a killed export's temp is removed
+by the next export beside it.
+
 Only load checkpoints you trust: Lightning checkpoints are pickles (``torch.load`` with
 ``weights_only=False``, as the hyper-parameters may hold Python objects).
 
-Example:
+Examples:
     >>> export_checkpoint("runs/x/checkpoints/last.ckpt", "exported")  # doctest: +SKIP
     'exported'
     >>> AutoModelForCausalLM.from_pretrained("exported")  # doctest: +SKIP
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint_io import atomic_directory, check_checkpoint_file
 from .loading import REFERENCE_ADAPTER, add_reference_adapter, is_peft, load_policy, load_tokenizer
 from .weights import policy_weights
 
@@ -57,7 +62,7 @@ def export_checkpoint(ckpt_path: str, out_dir: str, *, merge_lora: bool = True, 
     Returns ``out_dir``. Raises FileNotFoundError for a missing checkpoint, ValueError when the
     checkpoint does not fit the base (names or shapes differ), both before writing anything.
 
-    Example:
+    Examples:
         >>> export_checkpoint("last.ckpt", "merged")  # doctest: +SKIP
         >>> export_checkpoint("last.ckpt", "adapter", merge_lora=False)  # doctest: +SKIP
     """
@@ -71,6 +76,14 @@ def export_checkpoint(ckpt_path: str, out_dir: str, *, merge_lora: bool = True, 
                          "Export it without --adapter-only (merge_lora=True)")
     load_policy_state(policy, ckpt["state_dict"], base, ckpt_path)
     tokenizer = load_tokenizer(base, None)  # as training loaded it (EOS as pad when it has none)
+    with atomic_directory(out_dir) as temp:  # a kill or a full disk leaves no half-written export under out_dir
+        write_policy(policy, merge_lora, base, hparams, temp)
+        tokenizer.save_pretrained(temp)
+    return out_dir
+
+
+def write_policy(policy: nn.Module, merge_lora: bool, base: str, hparams: dict[str, Any], out_dir: str) -> None:
+    """The model files: the full model, the merged LoRA model, or the adapter alone."""
     if not is_peft(policy):
         policy.save_pretrained(out_dir)
     elif merge_lora:
@@ -78,8 +91,6 @@ def export_checkpoint(ckpt_path: str, out_dir: str, *, merge_lora: bool = True, 
     else:
         policy.peft_config[policy.active_adapter].base_model_name_or_path = _portable(base)
         policy.save_pretrained(out_dir, selected_adapters=[policy.active_adapter])  # not ReferenceReset's
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
 
 
 def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
@@ -91,6 +102,7 @@ def load_checkpoint(ckpt_path: str) -> dict[str, Any]:
         raise ValueError(f"{ckpt_path!r} is a directory (a sharded checkpoint, e.g. from FSDP2?): export reads "
                          "single-file checkpoints. Convert it to one file first (Lightning ships "
                          "`python -m lightning.fabric.utilities.consolidate_checkpoint DIR` for FSDP checkpoints)")
+    check_checkpoint_file(ckpt_path)  # empty, torn or corrupted: refused naming the part and the previous one
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     if not isinstance(ckpt, dict) or "model_name_or_path" not in recorded_build(ckpt) or "state_dict" not in ckpt:
         raise ValueError(f"{ckpt_path!r} is not an RLModule checkpoint (no recorded 'model_name_or_path' or no "
@@ -185,7 +197,7 @@ def merged_model(policy: nn.Module, base: str, hparams: dict[str, Any]) -> nn.Mo
     dense = AutoModelForCausalLM.from_pretrained(base, dtype=hparams.get("torch_dtype") or torch.float32)
     params = dict(dense.named_parameters())  # tied weights appear once, as in policy_weights
     with torch.no_grad():
-        for name, tensor in policy_weights(policy):
+        for name, tensor in policy_weights(policy, aliases=False):
             if name not in params:
                 raise ValueError(f"merged weight {name!r} has no place in the base model {base!r}")
             params.pop(name).copy_(tensor)

@@ -114,6 +114,7 @@ def load_policy(model: str | nn.Module, *, lora: Any = None, quantization: str |
                              "model.save_pretrained(dir) and pass dir")
         _require("bitsandbytes", f"quantization={quantization!r} needs bitsandbytes: pip install bitsandbytes")
     policy = model if isinstance(model, nn.Module) else _from_pretrained(str(model), quantization, torch_dtype)
+    untie_differing_head(policy)
     if gradient_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None:
@@ -121,6 +122,26 @@ def load_policy(model: str | nn.Module, *, lora: Any = None, quantization: str |
             torch.manual_seed(seed)
             policy = _add_lora(policy, lora)
     return policy
+
+
+def untie_differing_head(model: nn.Module) -> None:
+    """A config that ties the LM head to the embedding, over a checkpoint whose two tensors differ:
+    transformers keeps them apart (it ties only equal tensors), so the model computes an untied
+    head while its config says tied. Every copy made from the config (vLLM's, an export) would then
+    tie the head to the embedding and compute another policy. The config is made to say what the
+    model computes (untied), with a warning: the checkpoint's head is the one trained and served."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    configs = [c for c in {id(c): c for c in (model.config, model.config.get_text_config())}.values()
+               if getattr(c, "tie_word_embeddings", False)]
+    if not configs or head is None or embed is None or head.weight is embed.weight:
+        return
+    for config in configs:
+        config.tie_word_embeddings = False
+    warnings.warn("the model's config ties its LM head to the input embedding (tie_word_embeddings=True), but the "
+                  "checkpoint holds two different tensors, and transformers loaded them untied: lightning-rlpt "
+                  "trains, serves and exports them untied (config.tie_word_embeddings=False), as the model computes. "
+                  "If the head should be the embedding, save the checkpoint without lm_head.weight",
+                  UserWarning, stacklevel=3)
 
 
 def _from_pretrained(path: str, quantization: str | None, torch_dtype: Any) -> nn.Module:
@@ -157,7 +178,21 @@ def _add_lora(policy: nn.Module, lora: Any) -> nn.Module:
 
     if isinstance(lora, dict):
         lora = LoraConfig(**{"r": 8, "lora_alpha": 16, "target_modules": "all-linear", "task_type": "CAUSAL_LM", **lora})
-    return get_peft_model(policy, lora)
+    head, embed = policy.get_output_embeddings(), policy.get_input_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    policy = get_peft_model(policy, lora)
+    if tied and not getattr(lora, "ensure_weight_tying", False) and _adapted(policy.get_output_embeddings()):
+        raise ValueError("the LoRA config adapts the LM head (target_modules or modules_to_save name lm_head) of a model "
+                         "whose head is tied to its input embedding: the adapter would train the head apart from the "
+                         "embedding while the engines (vLLM, an export) keep them one tensor, and would sample from "
+                         "another model. Leave lm_head out (target_modules='all-linear' does), or untie the model first "
+                         "(config.tie_word_embeddings=False, save_pretrained, load that)")
+    return policy
+
+
+def _adapted(module: nn.Module | None) -> bool:
+    """A LoRA layer or a trained copy (peft's ``modules_to_save``) in place of ``module``."""
+    return module is not None and (hasattr(module, "lora_A") or type(module).__name__ == "ModulesToSaveWrapper")
 
 
 def lora_as_dict(lora: Any) -> dict[str, Any] | None:

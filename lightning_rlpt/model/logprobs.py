@@ -141,7 +141,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: 
     the index in the packed row of the token that predicts it. Each row's real tokens must be
     contiguous (left-padded prompt, right-padded completion), as in an `Experience`.
 
-    Example:
+    Examples:
         >>> inputs, keep = pack(torch.tensor([[0, 5, 6, 7], [8, 9, 4, 0]]),
         ...                     torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]]), completion_len=2)
         >>> inputs["input_ids"].tolist(), inputs["position_ids"].tolist(), keep.tolist()

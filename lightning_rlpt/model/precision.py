@@ -34,7 +34,7 @@ def precision_dtype(precision: Any) -> torch.dtype | None:
     """The compute dtype a Trainer precision implies: bf16 for ``"bf16-true"``/``"bf16-mixed"``,
     fp16 for ``"16-true"``/``"16-mixed"``, None otherwise (the model's own dtype).
 
-    Example:
+    Examples:
         >>> precision_dtype("bf16-mixed"), precision_dtype("32-true")
         (torch.bfloat16, None)
     """
@@ -58,7 +58,7 @@ def lost_update_fraction(params: Iterable[torch.Tensor], lr: float, dtype: torch
     weight ``w`` is more than ``|w| · eps / 4``; so a step of about ``lr`` (AdamW's size) is surely
     lost wherever ``|w| > 4 · lr / eps`` (bf16: ``eps = 2**-7``, so ``|w| > 512 · lr``): a lower bound.
 
-    Example:
+    Examples:
         >>> lost_update_fraction([torch.tensor([1e-5, 0.02])], 1e-6, torch.bfloat16)
         0.5
     """

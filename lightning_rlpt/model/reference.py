@@ -16,7 +16,7 @@ in memory. Two `RLModule` options make it cheaper (the names follow verl's
 Under LoRA/QLoRA the reference is the base model with the adapters disabled: there is no
 copy, so both options are refused (`check_reference_options`).
 
-Example:
+Examples:
     >>> ref = build_reference(policy, wanted=True, dtype="bfloat16", offload=True)  # doctest: +SKIP
     >>> with onloaded(ref, torch.device("cuda")):  # doctest: +SKIP
     ...     logits = ref(input_ids).logits

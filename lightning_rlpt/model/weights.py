@@ -20,7 +20,7 @@ tensors (``lora_A``, ``lora_B``, ...) are dropped, ``modules_to_save`` copies re
 originals. Tensors sharded as DTensors (FSDP2) are gathered with ``full_tensor()`` (a
 collective: every rank must iterate).
 
-Example:
+Examples:
     >>> names = [name for name, _ in policy_weights(module.policy)]  # doctest: +SKIP
     >>> names[:2]  # doctest: +SKIP
     ['model.embed_tokens.weight', 'model.layers.0.self_attn.q_proj.weight']
@@ -36,18 +36,24 @@ _ADAPTER_KEYS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lo
 
 
 @torch.no_grad()
-def policy_weights(policy: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def policy_weights(policy: nn.Module, aliases: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """``(hf_name, tensor)`` for every parameter of the policy, LoRA deltas merged in.
 
     Args:
         policy: a Hugging Face causal LM, optionally wrapped by peft (LoRA / QLoRA).
+        aliases: a parameter shared by several modules (tied embeddings: ``lm_head.weight`` is
+            ``model.embed_tokens.weight``) is yielded under each of its names. An engine needs
+            every name: vLLM's in-place reload rebuilds each layer on its own, so a tied head
+            that receives no tensor keeps the weights it was started with (``ParallelLMHead:
+            Failed to load weights``) and samples from another policy. False: once, under its
+            first name, as ``save_pretrained`` writes it (`model.export`).
 
     Yields tensors one at a time (merged ones are computed on the fly), so the peak extra
     memory is one layer, not a second model.
     """
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     layers = _lora_layers(base)
-    for name, param in base.named_parameters():
+    for name, param in base.named_parameters(remove_duplicate=not aliases):
         if any(f".{key}." in f".{name}" for key in _ADAPTER_KEYS) or ".original_module." in name:
             continue
         hf_name = checkpoint_name(name)

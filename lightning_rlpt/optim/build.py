@@ -18,7 +18,7 @@ def default_optimizer(lr: float = 1e-6, weight_decay: float = 0.0,
                       betas: tuple[float, float] = (0.9, 0.999)) -> OptimizerFactory:
     """AdamW with a constant learning rate: what `RLModule` uses without ``optimizer=``.
 
-    Example:
+    Examples:
         >>> default_optimizer(lr=3e-5)([torch.nn.Parameter(torch.zeros(1))]).defaults["lr"]
         3e-05
     """

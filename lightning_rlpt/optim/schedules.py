@@ -147,7 +147,7 @@ class WarmupCosineLR(_WarmupSchedule):
             fraction of ``total_steps``, rounded up (transformers' convention).
         min_lr_ratio: the floor, as a fraction of each group's base learning rate, in [0, 1].
 
-    Example:
+    Examples:
         >>> import functools, torch
         >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
         >>> sched = WarmupCosineLR(opt, total_steps=4, warmup_steps=2)
@@ -173,7 +173,7 @@ class WarmupLinearLR(_WarmupSchedule):
 
     Args: those of `WarmupCosineLR` (``optimizer``, ``total_steps``, ``warmup_steps``, ``min_lr_ratio``).
 
-    Example:
+    Examples:
         >>> import torch
         >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
         >>> sched = WarmupLinearLR(opt, total_steps=5, warmup_steps=1)

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import threading
+from functools import partial
 from typing import Any, Callable
+
+from .. import background
+
+in_background = partial(background.in_background, name="lightning-rlpt-reward")  # reward threads, named as such
 
 
 class RewardError(RuntimeError):
@@ -37,29 +41,6 @@ class RewardTimeout(RewardUnavailable):
         self.timeout = timeout
 
 
-def in_background(fn: Callable[[], Any], name: str = "lightning-rlpt-reward") -> cf.Future:
-    """Start ``fn()`` in a new daemon thread; its result or exception lands in the returned future.
-
-    A daemon thread, not a thread pool: a call that never returns must not keep the process
-    alive at exit, nor hold a pool slot.
-
-    Example:
-        >>> in_background(lambda: 6 * 7).result()
-        42
-    """
-    future: cf.Future = cf.Future()
-    future.set_running_or_notify_cancel()
-
-    def run() -> None:
-        try:
-            future.set_result(fn())
-        except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
-            future.set_exception(err)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
-
-
 def wait(future: cf.Future, timeout: float | None) -> Any:
     """The future's result, or `RewardTimeout` when it has none after ``timeout`` seconds.
 
@@ -82,7 +63,7 @@ def call_sync(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | N
         kwargs: its keyword arguments.
         timeout: seconds, or None for no limit.
 
-    Example:
+    Examples:
         >>> call_sync(lambda completions: [len(c) for c in completions], {"completions": ["ab"]}, 1.0)
         [2]
     """
@@ -104,7 +85,7 @@ def call_async(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float | 
         kwargs: its keyword arguments.
         timeout: seconds, or None for no limit.
 
-    Example:
+    Examples:
         >>> async def double(xs): return [2 * x for x in xs]
         >>> call_async(double, {"xs": [1, 2]}, 1.0)
         [2, 4]
@@ -143,7 +124,7 @@ async def in_thread(fn: Callable[[], Any]) -> Any:
     """Await blocking ``fn()`` run in a daemon thread (for blocking I/O inside a coroutine, e.g.
     `HTTPReward`'s requests). Cancelling the await abandons the thread, which ends by itself.
 
-    Example:
+    Examples:
         >>> asyncio.run(in_thread(lambda: 42))
         42
     """

@@ -7,7 +7,7 @@
   untagged (`THINK_FORMAT`). Logged as ``rewards/think_format/...``.
 - `FormatReward(pattern)`: any other pattern.
 
-Example:
+Examples:
     >>> think_format_reward(["q"] * 3, ["<think>\\n2+2\\n</think>\\n4", "<think>\\n2+2 is 4", " <think>x</think>4"])
     [1.0, 0.0, 0.0]
 """
@@ -36,7 +36,7 @@ class FormatReward:
         flags: regex flags for a string pattern; ``re.DOTALL`` lets ``.`` cross lines.
         name: logged as ``rewards/<name>/...``.
 
-    Example:
+    Examples:
         >>> format_reward = FormatReward()
         >>> format_reward(["q", "q"], ["<think>2+2</think>\\n<answer>4</answer>", "4"])
         [1.0, 0.0]

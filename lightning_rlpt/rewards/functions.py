@@ -40,7 +40,7 @@ def as_trl_completions(prompts: Sequence[Any], texts: Sequence[str]) -> list[Any
     """Completions as TRL hands them to reward functions: ``[{"role": "assistant", "content": text}]``
     when the prompts are conversational (lists of messages), the decoded strings otherwise.
 
-    Example:
+    Examples:
         >>> as_trl_completions([[{"role": "user", "content": "1+1?"}]], ["2"])
         [[{'role': 'assistant', 'content': '2'}]]
     """
@@ -75,7 +75,7 @@ class RewardFunctions:
             2601.05242): from the weighted sum of each function's scores normalised within each
             group (`aggregate`), so a reward with a wide range cannot drown the others.
 
-    Example:
+    Examples:
         >>> def exact(prompts, completions, answer, **_): return [float(c == a) for c, a in zip(completions, answer)]
         >>> rf = RewardFunctions([exact])
         >>> rf(["1+1="], ["2"], {"answer": ["2"]})[0].tolist()
@@ -130,6 +130,13 @@ class RewardFunctions:
         scores = torch.stack([values for values, _ in results], dim=1)
         self._check_some_apply(scores, prompts, completions)
         return scores, {name: failed for name, (_, failed) in zip(self.names, results)}
+
+    def call_counts(self) -> dict[str, float]:
+        """Counts a reward object keeps of its last call (a ``counts`` dict with the same keys at
+        every call, e.g. `CodeExecutionReward`'s ``load_errors``), as ``rewards/<name>/<key>``:
+        the module logs them summed over ranks, beside ``failures``."""
+        return {f"rewards/{name}/{key}": float(value) for fn, name in zip(self.funcs, self.names)
+                for key, value in (getattr(fn, "counts", None) or {}).items()}
 
     def to(self, device: torch.device | str) -> "RewardFunctions":
         """Move the reward models among the functions to ``device`` (the module calls it in ``configure_model``)."""

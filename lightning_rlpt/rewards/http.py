@@ -1,4 +1,4 @@
-"""`HTTPReward`: a reward computed by a service, posted JSON over HTTP (stdlib ``urllib`` only).
+"""`HTTPReward`: a reward computed by a service, posted JSON over HTTP (`lightning_rlpt.http_client`).
 
 The protocol (see docs/rewards.md): ``POST <url>`` with ``Content-Type: application/json`` and
 the body::
@@ -19,16 +19,13 @@ integer like ``10**400``, JSON nested 100,000 deep) is a `RewardError` for the w
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import math
-import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any, Sequence
 
+from ..http_client import HTTPFailure, exchange
 from .calling import RewardError, RewardUnavailable, in_thread
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)  # worth another try; any other non-200 is the request's fault
@@ -36,17 +33,6 @@ STATE_FIELDS = ("global_step", "epoch", "max_steps", "num_train_epochs")
 REDIRECT_STATUS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
 DEFAULT_MAX_RESPONSE_BYTES = 4 * 2**20  # ~150,000 rewards: room for a service that adds details
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """Hand every 3xx back to the caller instead of following it: urllib would re-send a POST to
-    any host as a GET, with every header (``Authorization`` included), and believe the answer."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
-        return None  # the 3xx then surfaces as an HTTPError, which `_request` reads
-
-
-NO_REDIRECTS = urllib.request.build_opener(_NoRedirects)
 
 
 class HTTPReward:
@@ -63,8 +49,8 @@ class HTTPReward:
 
     Args:
         url: ``http://`` or ``https://`` address that answers POSTs.
-        timeout: seconds allowed to connect and for each read of one request (``urllib``'s socket
-            timeout); ``RLModule(reward_timeout=...)`` bounds the whole call on top.
+        timeout: seconds one request may take, connecting and reading included (a service that
+            drips bytes is cut off); ``RLModule(reward_timeout=...)`` bounds the whole call on top.
         retries: further attempts after a failed one (0: one attempt).
         backoff: seconds before the first retry, doubled before each next one.
         batch_size: completions per request; None sends all in one.
@@ -82,7 +68,7 @@ class HTTPReward:
         max_response_bytes: the most bytes of an answer read (default 4 MiB, about 150,000
             rewards); a longer one is a `RewardError`, never retried.
 
-    Example:
+    Examples:
         >>> reward = HTTPReward("http://127.0.0.1:8000/score", timeout=10, retries=2, batch_size=32)
         >>> module = RLModule(model, reward_funcs=[reward])  # doctest: +SKIP
     """
@@ -164,9 +150,8 @@ class HTTPReward:
                 status, text = post_json(self.url, body, self.headers, timeout=self.timeout,
                                          max_response_bytes=self.max_response_bytes,
                                          follow_redirects=self.follow_redirects, who=f"HTTPReward {self.url}")
-            except (urllib.error.URLError, http.client.HTTPException, socket.timeout, ConnectionError, OSError) as err:
-                reason = getattr(err, "reason", err)
-                last = f"{type(reason).__name__}: {reason}"
+            except HTTPFailure as err:  # no answer, or a torn one
+                last = str(err)
                 continue
             if status == 200:
                 return self._parse(text, count)
@@ -205,26 +190,25 @@ def post_json(url: str, body: bytes, headers: dict[str, str], *, timeout: float,
     A 3xx is a `RewardError` unless ``follow_redirects``; then only 307/308 (which keep the POST
     and its body) are followed, at most ``MAX_REDIRECTS`` times, never from https to http, and
     ``headers`` are dropped for good once the origin (scheme, host, port) changes. Network
-    errors (``URLError``, ``OSError``...) propagate for the caller to retry.
+    errors (`http_client.HTTPFailure`) propagate for the caller to retry.
 
     Args:
         url: the endpoint.
         body: the JSON request body.
         headers: extra headers, sent to ``url``'s origin only.
-        timeout: seconds to connect and for each read.
+        timeout: seconds the whole exchange may take (connecting: at most 10 s of them).
         max_response_bytes: an answer longer than this is a `RewardError` (read no further).
         follow_redirects: see above.
         who: how errors name the caller (default ``url``).
 
-    Example:
+    Examples:
         >>> post_json("http://127.0.0.1:8000/score", b"{}", {}, timeout=5)  # doctest: +SKIP
         (200, '{"rewards": []}')
     """
     who = who or url
-    base = {"Content-Type": "application/json"}
     target, extra = url, dict(headers)
     for _ in range(MAX_REDIRECTS + 1):
-        status, text, location = _request(target, body, {**base, **extra}, timeout, max_response_bytes, who)
+        status, text, location = _request(target, body, extra, timeout, max_response_bytes, who)
         if status not in REDIRECT_STATUS:
             return status, text
         following = _redirect_target(target, status, location, follow_redirects, who)
@@ -240,7 +224,7 @@ def read_json(text: str, who: str, expected: str) -> Any:
     naming ``who``: invalid JSON, an integer over Python's digit limit, nesting past the
     recursion limit (``json`` raises ValueError / RecursionError for those two).
 
-    Example:
+    Examples:
         >>> read_json('{"rewards": [1]}', "svc", "")
         {'rewards': [1]}
     """
@@ -257,36 +241,14 @@ def read_json(text: str, who: str, expected: str) -> Any:
 
 def _request(url: str, body: bytes, headers: dict[str, str], timeout: float, limit: int,
              who: str) -> tuple[int, str, str | None]:
-    """One POST, no redirects followed: (status, text, Location header)."""
-    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
-    try:
-        with NO_REDIRECTS.open(request, timeout=timeout) as response:
-            return response.status, _read_capped(response, limit, who), None
-    except urllib.error.HTTPError as err:  # a non-2xx answer (3xx included): the caller decides
-        with err:  # only quoted in messages, so its start is enough whatever its size
-            return err.code, _read_upto(err, min(limit, 2**16)).decode("utf-8", "replace"), err.headers.get("Location")
-
-
-def _read_capped(response: Any, limit: int, who: str) -> str:
-    data = _read_upto(response, limit + 1)  # one byte past the cap tells "too long" from "exactly the cap"
-    if len(data) > limit:
-        length = response.headers.get("Content-Length")
+    """One POST for `post_json` (`http_client.exchange`: no redirect followed, the whole exchange
+    within ``timeout``): (status, text, Location); a 200 longer than ``limit`` is a `RewardError`."""
+    answer = exchange("POST", url, content=body, headers=headers, timeout=timeout, max_bytes=limit)
+    if answer.status == 200 and not answer.whole:
         raise RewardError(f"{who} answered more than {limit} bytes"
-                          f"{f' (Content-Length {length})' if length else ''}; an answer is read up to "
+                          f"{f' (Content-Length {answer.length})' if answer.length else ''}; an answer is read up to "
                           "max_response_bytes: fix the service, or raise max_response_bytes")
-    return data.decode("utf-8", "replace")
-
-
-def _read_upto(response: Any, n: int) -> bytes:
-    """At most ``n`` bytes, however the stream splits them (one ``read`` may return fewer)."""
-    chunks, size = [], 0
-    while size < n:
-        chunk = response.read(n - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+    return answer.status, answer.text, answer.location
 
 
 def _redirect_target(url: str, status: int, location: str | None, follow: bool, who: str) -> str:

@@ -19,7 +19,7 @@ class SoftOverlongPunishment:
     The length is ``len(completion_ids)``: model tokens only, EOS included when it was sampled.
     TRL's equivalent is ``trl.rewards.get_soft_overlong_punishment`` (same arguments).
 
-    Example:
+    Examples:
         >>> punish = SoftOverlongPunishment(max_completion_len=10, soft_punish_cache=4)
         >>> punish(["q"] * 3, ["", "", ""], completion_ids=[[1] * 6, [1] * 8, [1] * 10])
         [0.0, -0.5, -1.0]
@@ -80,7 +80,7 @@ class LengthPenalty:
         threshold: the score at or above which a completion is correct.
         group_column: the column whose equal values make a group; without it, equal prompts.
 
-    Example:
+    Examples:
         >>> def exact(prompts, completions, answer, **_): return [float(c == a) for c, a in zip(completions, answer)]
         >>> penalty = LengthPenalty(exact)
         >>> lengths = [10, 20, 30, 40]  # two correct answers, then two wrong ones

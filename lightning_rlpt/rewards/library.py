@@ -10,7 +10,7 @@
   down to −1 over the last ``soft_punish_cache`` tokens of the budget; ``rewards/overlong/...``.
 - `LengthPenalty` (``length.py``): Kimi k1.5's length reward within each group, from +0.5 for the
   shortest correct completion to −0.5 for the longest; ``rewards/length/...``.
-- `CodeExecutionReward` (``code.py``): the fraction of the row's tests the completion's Python
+- `CodeExecutionReward` (``code/reward.py``): the fraction of the row's tests the completion's Python
   code passes, run under bubblewrap against assert-style or stdin/stdout tests, the verdict
   decided outside the code's process; ``rewards/code/...``.
 

@@ -38,7 +38,7 @@ class MathAnswerReward:
         answer_tag: parse only the last ``<tag>...</tag>`` block when one is present; None
             parses the whole completion.
 
-    Example:
+    Examples:
         >>> reward = MathAnswerReward()
         >>> reward(["Half of 1?"] * 3, [r"\\boxed{1/2}", "<answer>0.5</answer>", "1/3"], answer=["0.5"] * 3)
         [1.0, 1.0, 0.0]

@@ -30,7 +30,7 @@ def looks_like_reward_model(spec: Any) -> bool:
     `resolve_reward` takes (``pkg.mod:fn``, ``pkg.mod.fn``, ``path/to/file.py:fn``) is mistaken
     for one.
 
-    Example:
+    Examples:
         >>> looks_like_reward_model("org/reward-model"), looks_like_reward_model("task:exact_answer")
         (True, False)
     """
@@ -67,7 +67,7 @@ class RewardModel:
         torch_dtype: dtype to load (or cast) the model in, e.g. ``"bfloat16"``; default float32.
             The trainer's precision does not apply to it: it is not part of the LightningModule.
 
-    Example:
+    Examples:
         >>> rm = RewardModel("path/to/reward_model", batch_size=8)  # doctest: +SKIP
         >>> rm(["2+2="], ["4"])  # doctest: +SKIP
         [1.73]

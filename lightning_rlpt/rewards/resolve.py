@@ -16,7 +16,7 @@ def reward_name(fn: RewardFn) -> str:
     """The name a reward is logged under (``rewards/<name>/...``): its ``__name__``, the wrapped
     function's for a ``functools.partial``, else its class name.
 
-    Example:
+    Examples:
         >>> reward_name(len)
         'len'
     """
@@ -27,7 +27,7 @@ def is_async(fn: Any) -> bool:
     """True for an ``async def`` function, a ``functools.partial`` of one, or an object whose
     ``__call__`` is ``async def`` (`HTTPReward`): these are awaited, concurrently with each other.
 
-    Example:
+    Examples:
         >>> async def f(prompts, completions, **_): return [1.0] * len(completions)
         >>> is_async(f), is_async(len)
         (True, False)
@@ -47,7 +47,7 @@ def resolve_reward(spec: RewardFn | str) -> RewardFn:
     Args:
         spec: a callable, or an import path to one.
 
-    Example:
+    Examples:
         >>> resolve_reward("operator:eq").__name__
         'eq'
     """

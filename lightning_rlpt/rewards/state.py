@@ -20,7 +20,7 @@ class TrainerState:
         max_steps: the step budget (``trainer.max_steps``; -1 when unset, as in Lightning).
         num_train_epochs: the epoch budget (``trainer.max_epochs``; None when unset).
 
-    Example:
+    Examples:
         >>> def curriculum(completions, trainer_state, **_):
         ...     return [float(len(c) <= 10 + trainer_state.global_step) for c in completions]
         >>> curriculum(["short"], trainer_state=TrainerState(global_step=3))

@@ -12,7 +12,7 @@ def completion_text(completion: Any) -> str:
         completion: a string, or a list of ``{"role", "content"}`` dicts (TRL's conversational
             form); a message's content may also be a list of ``{"type": "text", "text"}`` parts.
 
-    Example:
+    Examples:
         >>> completion_text([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "42"}])
         '42'
     """
@@ -36,7 +36,7 @@ def required_column(columns: dict[str, Any], name: str, n: int, *, reward: str, 
     """The ``n`` values of dataset column ``name`` that ``reward`` reads, or an error that says
     how to map a dataset's column onto it (``example_source``) or rename it (``option``).
 
-    Example:
+    Examples:
         >>> required_column({"answer": ["4"]}, "answer", 1, reward="math_answer", holds="the gold answers",
         ...                 example_source="solution", option="MathAnswerReward(column='solution')")
         ['4']

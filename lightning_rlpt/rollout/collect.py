@@ -5,13 +5,11 @@ from typing import Any, Callable
 
 import torch
 
-from ..batching import row_lengths
 from ..experience import Experience
 from ..padding import left_pad, right_pad
-from ..rewards import RewardFunctions, as_trl_completions
+from ..seeding import keyed_seed
 from .engine import RolloutEngine, RolloutOutput
 from .prompt_checks import check_prompt_rows
-from .row_sampling import keyed_seed
 from .sampling import SamplingConfig
 
 
@@ -88,7 +86,7 @@ def row_seeds(batch: dict[str, list[Any]], group_size: int, seed: int, seed_per_
     so a prompt drawn twice gets two independent groups and no seed depends on the prompt's
     position in the batch. Engines sample each row from its seed alone (`row_sampling`)."""
     if not seed_per_prompt:
-        return [keyed_seed(seed, j) for j in range(len(batch["prompt"]) * group_size)]
+        return [keyed_seed("row", seed, j) for j in range(len(batch["prompt"]) * group_size)]
     if "index" not in batch:
         raise ValueError("seed_per_prompt=True keys each prompt's seed by its dataset index, but the batch has "
                          "no 'index' column: load prompts with PromptDataModule (or collate_prompts), or set "
@@ -97,7 +95,7 @@ def row_seeds(batch: dict[str, list[Any]], group_size: int, seed: int, seed_per_
     seeds = []
     for i in batch["index"]:
         occurrence = seen[int(i)] = seen.get(int(i), -1) + 1
-        seeds += [keyed_seed(seed, int(i), occurrence, k) for k in range(group_size)]
+        seeds += [keyed_seed("prompt", seed, int(i), occurrence, k) for k in range(group_size)]
     return seeds
 
 
@@ -126,32 +124,6 @@ def to_experience(out: RolloutOutput, prompt_rows: list[list[int]], tokenizer: A
         behaviour_logprobs=behaviour,
     )
     return exp.to(device)
-
-
-def score(exp: Experience, rewards: RewardFunctions, trainer_state: Any = None) -> dict[str, int]:
-    """Fill ``rewards_per_func`` (NaN where a function returned None), ``scores`` (their weighted
-    sum over the functions that apply) and ``rewards`` (what advantages come from: ``scores``, or
-    GDPO's sum under ``normalize_then_sum``, `RewardFunctions.aggregate`); return failures per function.
-
-    The functions get what TRL's ``GRPOTrainer`` passes: ``prompts`` as given, ``completions``
-    as messages (``[{"role": "assistant", "content": text}]``) when the prompts are
-    conversational and as strings otherwise, ``completion_ids`` (EOS kept when sampled),
-    ``trainer_state`` (when given) and every dataset column.
-    """
-    # Every token up to the last trained one (an episode's tool tokens included, padding not).
-    ends = row_lengths(exp)[1].tolist()
-    ids = [row[:end].tolist() for row, end in zip(exp.completion_ids.cpu(), ends)]
-    extra: dict[str, Any] = {"completion_ids": ids}
-    if trainer_state is not None:
-        extra["trainer_state"] = trainer_state
-    completions = as_trl_completions(exp.prompts, exp.completions)
-    if "completion_messages" in exp.columns and completions and not isinstance(completions[0], str):
-        completions = list(exp.columns["completion_messages"])  # an episode: every message after the prompt
-    per_func, failures = rewards(exp.prompts, completions, exp.columns, **extra)
-    exp.rewards_per_func = per_func.to(exp.completion_ids.device)
-    exp.scores = rewards.combine(exp.rewards_per_func)
-    exp.rewards = rewards.aggregate(exp.rewards_per_func, exp.group_size)
-    return failures
 
 
 def rollout_metrics(rewards: torch.Tensor, per_func: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,

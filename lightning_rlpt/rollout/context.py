@@ -35,7 +35,7 @@ def context_length(module: Any, max_model_len: int | None, max_tokens: int | Non
             one-token prompt without ``max_prompt_length``, longer ones are refused batch by
             batch, `prompt_checks`), not the size to start one with.
 
-    Example:
+    Examples:
         >>> context_length(module, None, None, module.policy.config)  # doctest: +SKIP
         72
     """

@@ -65,7 +65,7 @@ def check_generation_kwargs(kwargs: Any) -> None:
     Args:
         kwargs: the value given (None: nothing extra).
 
-    Example:
+    Examples:
         >>> check_generation_kwargs({"no_repeat_ngram_size": 2})
         >>> check_generation_kwargs({"n": 4})
         Traceback (most recent call last):

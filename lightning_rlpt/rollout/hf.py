@@ -117,7 +117,7 @@ class RepetitionPenalty(LogitsProcessor):
         penalty: > 0; 1 is a no-op.
         pad_lengths: ``[B]`` left-padding length of each prompt row.
 
-    Example:
+    Examples:
         >>> p = RepetitionPenalty(2.0, torch.tensor([1]))
         >>> p(torch.tensor([[0, 1]]), torch.tensor([[4.0, 4.0, -1.0]])).tolist()  # 0 is padding
         [[4.0, 2.0, -1.0]]

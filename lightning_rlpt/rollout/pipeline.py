@@ -26,19 +26,19 @@ gives the trainer's batches when the loader is deterministic (`PromptDataModule`
 `EpochSampler`: seeded by ``seed + epoch``). The callback compares each batch the trainer
 receives with the one generated for it and refuses a mismatch.
 
-Seeds: batch ``n`` (counted over the run) is sampled with the seed ``keyed(seed, n)``, not the
-module's rollout seed (drawn only when the batch trains). Only the generation (token ids and
+Seeds: batch ``n`` (counted over the run) is sampled with the seed
+``seeding.keyed_seed("ahead", seed, n)``, not the module's rollout seed (drawn only when the
+batch trains). Only the generation (token ids and
 behaviour log-probs) is ahead; rewards, old/reference log-probs and advantages are computed at
 training time as without the pipeline.
 
-Example:
+Examples:
     >>> pipeline = RolloutPipeline(engine, max_staleness=1, seed=0)  # doctest: +SKIP
     >>> pipeline.start(loader, epoch=0, tokenizer=tok, sampling=module.sampling, group_size=8)  # doctest: +SKIP
 """
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +47,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..seeding import keyed_seed
 from .collect import tokenize_prompts
 from .engine import RolloutEngine, RolloutOutput, WeightSource
 from .sampling import SamplingConfig
@@ -119,24 +120,14 @@ class Pending:
         return self.output
 
 
-def check_max_staleness(max_staleness: Any) -> None:
+def check_staleness(max_staleness: Any, sync_every: int | None = None) -> None:
+    """``max_staleness``, and with it an engine's ``sync_every`` when given: both make rollouts stale."""
     if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < 0:
         raise ValueError(f"max_staleness must be an int >= 0 (got {max_staleness!r}): 0 samples each batch when it "
                          "trains, k >= 1 generates the next k batches while the trainer updates")
-
-
-def check_staleness(max_staleness: Any, sync_every: int) -> None:
-    """``max_staleness`` and an engine's ``sync_every``, checked together: both make rollouts stale."""
-    check_max_staleness(max_staleness)
-    if max_staleness and sync_every != 1:
+    if max_staleness and sync_every is not None and sync_every != 1:
         raise ValueError(f"max_staleness={max_staleness} with sync_every={sync_every}: both make rollouts stale; "
                          "use one of them (max_staleness with sync_every=1, or sync_every with max_staleness=0)")
-
-
-def keyed_seed(seed: int, n: int) -> int:
-    """Batch ``n``'s rollout seed: a function of ``(seed, n)`` alone, so a resumed run draws the same."""
-    digest = hashlib.sha256(repr((int(seed), int(n))).encode()).digest()
-    return int.from_bytes(digest[:8], "little") % (2**31 - 1)
 
 
 class RolloutPipeline(RolloutEngine):
@@ -147,7 +138,7 @@ class RolloutPipeline(RolloutEngine):
             own copy of the weights, e.g. `RemoteVLLMEngine`); its ``phase`` other than
             ``"training"`` (validation) bypasses the pipeline.
         max_staleness: k >= 1, batches generated ahead of the one training.
-        seed: keys every batch's rollout seed (`keyed_seed`).
+        seed: keys every batch's rollout seed (`seeding`'s ``ahead`` stream).
 
     ``policy_version`` is the version the last rollout handed out was sampled with (what the
     module records as ``Experience.policy_version``); ``held_version`` is the inner engine's. The
@@ -160,7 +151,6 @@ class RolloutPipeline(RolloutEngine):
                              f"the trainer updates the policy; {type(engine).__name__} does not declare can_run_ahead "
                              "(an engine sampling from the live policy would read weights mid-update). Use "
                              "max_staleness=0 with it")
-        check_staleness(max_staleness, engine.sync_every)
         self.inner, self.max_staleness, self.seed = engine, int(max_staleness), int(seed)
         self.queue: deque[Pending] = deque()
         self.submitted = 0  # batches submitted over the run (keys the seeds)
@@ -185,7 +175,7 @@ class RolloutPipeline(RolloutEngine):
         batch = self.lookahead.next()
         rows = [row for row in tokenize_prompts(tokenizer, list(batch["prompt"]), sampling)[0]
                 for _ in range(group_size)]
-        entry = Pending(batch, rows, keyed_seed(self.seed, self.submitted), int(self.inner.policy_version))
+        entry = Pending(batch, rows, keyed_seed("ahead", self.seed, self.submitted), int(self.inner.policy_version))
         entry.future = self._worker.submit(self.inner.generate, rows, sampling, entry.seed)
         self.queue.append(entry)
         self.submitted += 1

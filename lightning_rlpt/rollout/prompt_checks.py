@@ -28,7 +28,7 @@ def check_prompt_rows(rows: Sequence[Sequence[int]], prompts: Sequence[Any], max
         whole_completion: whether the whole budget must fit after the prompt (plain rollouts)
             or one token (episodes).
 
-    Example:
+    Examples:
         >>> check_prompt_rows([[1, 5], [1, 6, 7]], ["a", "bc"], max_new_tokens=4, indices=[10, 11], max_context=6)
         Traceback (most recent call last):
         ...

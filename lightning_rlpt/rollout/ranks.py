@@ -7,7 +7,7 @@ alone; every other rank waits for it in a ``broadcast_object_list`` that carries
 *or its error*: the broadcast is the barrier ("the version is in place") and a failure on rank 0
 stops every rank with the same message instead of leaving them blocked.
 
-Example:
+Examples:
     >>> urls = lead_then_share(lambda: [s.url for s in start_servers()], "launching the vLLM servers")  # doctest: +SKIP
 """
 from __future__ import annotations

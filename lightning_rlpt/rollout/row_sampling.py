@@ -13,8 +13,6 @@ state (the global torch RNG is untouched) and is the same on CPU and GPU.
 """
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from transformers import LogitsProcessor
 
@@ -25,11 +23,6 @@ _MASK32 = 0xFFFFFFFF
 _MUL_A, _MUL_B = 0x21F0AAAD, 0x735A2D97
 
 
-def keyed_seed(*key: int) -> int:
-    """A 62-bit seed from a tuple of integers (sha256 of its repr: no structure, no collisions in practice)."""
-    return int.from_bytes(hashlib.sha256(repr(tuple(int(k) for k in key)).encode()).digest()[:8], "big") % 2**62
-
-
 def request_seeds(seed: int | list[int], n: int) -> list[int]:
     """One seed per row, so the rows of a call draw differently yet reproducibly.
 
@@ -38,7 +31,7 @@ def request_seeds(seed: int | list[int], n: int) -> list[int]:
     seeded by ``s``, independent of the rest of the batch. `collect.row_seeds` gives every row
     its own seed, so each then gets the first draw of its own stream.
 
-    Example:
+    Examples:
         >>> request_seeds([7, 7, 9], 3)[:2] == request_seeds([7, 7], 2)
         True
     """

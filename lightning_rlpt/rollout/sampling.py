@@ -67,7 +67,7 @@ class SamplingConfig:
     ``processed_logprobs``, generate's processed scores), so the importance ratio and the
     mismatch correction then carry that difference too (see docs/long_reasoning.md).
 
-    Example:
+    Examples:
         >>> SamplingConfig(max_new_tokens=256, min_p=0.05, repetition_penalty=1.1,
         ...                chat_template_kwargs={"enable_thinking": False}).distribution_changes()
         ['min_p=0.05', 'repetition_penalty=1.1']

@@ -20,7 +20,7 @@ server logs one naming it, the step and why. `post_all` (the weight sync's calls
 it cannot reach and goes on with the others, as a rollout does; `revive` brings back dropped
 servers that answer ``/health`` again (the engine syncs and checks them before they sample).
 
-Example:
+Examples:
     >>> pool = ServerPool(["http://127.0.0.1:8000"], model="ckpt_dir")  # doctest: +SKIP
     >>> pool.complete([{"prompt": [1, 4, 5], "max_tokens": 4, "seed": 0}])  # doctest: +SKIP
     [([7, 9, 2], [-0.1, -0.3, -0.01])]
@@ -32,7 +32,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-import requests
+from ..http_client import HTTPFailure, exchange, new_client
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class ServerPool:
     ``dead`` maps a failed server's URL to the reason; ``where`` (set by the engine) names the
     trainer step in errors.
 
-    Example:
+    Examples:
         >>> pool = ServerPool(["http://127.0.0.1:8000", "http://127.0.0.1:8001"], model="m")  # doctest: +SKIP
         >>> pool.post_all("/reset_prefix_cache")  # doctest: +SKIP
     """
@@ -83,6 +83,7 @@ class ServerPool:
         self.where, self.kind = "start-up", kind
         self.served: dict[str, int] = {u: 0 for u in self.urls}  # completions answered, per server
         self.warned: set[tuple[str, str, str]] = set()  # (server, route, step) already warned about
+        self.client = new_client(max_inflight + 4)  # one pool of connections: completions and control calls
         self.probing: dict[str, tuple[int, int]] = {}  # dropped server -> (syncs before its next probe, failed probes)
 
     @property
@@ -107,8 +108,8 @@ class ServerPool:
                 self.probing[url] = (skip - 1, failed)
                 continue
             try:
-                healthy = requests.get(url + "/health", timeout=min(self.control_timeout, 10.0)).status_code == 200
-            except requests.RequestException:
+                healthy = self.request("GET", url, "/health", None, min(self.control_timeout, 10.0)).status == 200
+            except HTTPFailure:
                 healthy = False
             if healthy:
                 self.probing.pop(url, None)
@@ -166,21 +167,21 @@ class ServerPool:
     def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None) -> Any:
         timer = self.waiting(url, path)
         try:
-            resp = requests.request(method, url + path, json=body, timeout=self.timeouts(self.control_timeout))
-        except requests.RequestException as err:
-            self.drop(url, f"{type(err).__name__} on {path}: {err}")
+            answer = self.request(method, url, path, body, self.control_timeout)
+        except HTTPFailure as err:
+            self.drop(url, f"{err.kind} on {path}: {err.detail}")
             raise ServerFailure(self.failure(f"{path} to {url} failed")) from err
         finally:
             timer.cancel()
-        if resp.status_code >= 400:
-            raise ServerFailure(f"{self.kind} {url} answered {resp.status_code} to {path} at {self.where}: "
-                                f"{resp.text[:500]}")
-        if not resp.content:
+        if answer.status >= 400:
+            raise ServerFailure(f"{self.kind} {url} answered {answer.status} to {path} at {self.where}: "
+                                f"{answer.text[:500]}")
+        if not answer.data:
             return None
         try:
-            return resp.json()
+            return answer.json()
         except ValueError:  # /v1/load_lora_adapter answers plain text
-            return resp.text
+            return answer.text
 
     # ---------------------------------------------------------------- completions
     def complete(self, requests_: list[dict[str, Any]]) -> list[tuple[list[int], list[float]]]:
@@ -204,8 +205,11 @@ class ServerPool:
                     try:
                         results[index] = future.result()
                         self.served[url] += 1
-                    except (requests.ConnectionError, requests.Timeout, ServerError) as err:
-                        self.drop(url, f"{type(err).__name__} on a completion: {err}")
+                    except HTTPFailure as err:
+                        self.drop(url, f"{err.kind} on a completion: {err.detail}")
+                        pending.append(index)  # retried on another server
+                    except ServerError as err:
+                        self.drop(url, f"ServerError on a completion: {err}")
                         pending.append(index)  # retried on another server
                     except BaseException:
                         for other in running:
@@ -224,21 +228,21 @@ class ServerPool:
             raise ServerError(self.dead[url])
         timer = self.waiting(url, "/v1/completions")
         try:
-            resp = requests.post(url + "/v1/completions", json={"model": self.model, **body},
-                                 timeout=self.timeouts(self.request_timeout))
+            answer = self.request("POST", url, "/v1/completions", {"model": self.model, **body}, self.request_timeout)
         finally:
             timer.cancel()
-        if resp.status_code >= 500:
-            raise ServerError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        if resp.status_code >= 400:
-            raise BadRequest(f"{self.kind} {url} rejected a completion request at {self.where}: {resp.text[:500]}")
-        choice = resp.json()["choices"][0]
+        if answer.status >= 500:
+            raise ServerError(f"HTTP {answer.status}: {answer.text[:300]}")
+        if answer.status >= 400:
+            raise BadRequest(f"{self.kind} {url} rejected a completion request at {self.where}: {answer.text[:500]}")
+        choice = answer.json()["choices"][0]
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
-    def timeouts(self, answer: float) -> tuple[float, float]:
-        """``requests``' (connect, read) timeouts: a cut link fails a new connection in
-        ``connect_timeout``; a request already sent waits ``answer`` s for its reply."""
-        return min(self.connect_timeout, answer), answer
+    def request(self, method: str, url: str, path: str, body: dict[str, Any] | None, timeout: float):
+        """One exchange on the pool's connections: a cut link fails a new connection in
+        ``connect_timeout``; a request already sent waits ``timeout`` s for its whole answer."""
+        return exchange(method, url + path, json=body, timeout=timeout, connect_timeout=self.connect_timeout,
+                        client=self.client)
 
     def failure(self, what: str) -> str:
         """A `ServerFailure`'s message: what failed, the step, and each dropped server's reason."""

@@ -19,11 +19,14 @@ from ..model.distributed import reduce_over_ranks
 from ..model.logprobs import completion_logprobs
 from ..model.reference import onloaded
 from ..model.weights import policy_weights
-from ..rewards import TrainerState
+from ..rewards import TrainerState, score_experience
 from ..rollout import collect
 from ..rollout.contract import check_engine, check_held_version, check_synced, staleness_metrics
 from ..rollout.episodes.agent import info_metrics
 from ..rollout.episodes.rollout import rollout_episodes
+from ..rollout.parity import low_precision
+from ..rollout.pipeline import RolloutPipeline
+from .fit_state import FitState
 
 
 class MakeExperience:
@@ -34,6 +37,8 @@ class MakeExperience:
 
     # Set by the first rollout whose prompts max_prompt_length cut (`sample` warns once).
     _warned_prompt_cut: bool = False
+
+    fit_state: FitState  # what each fit starts afresh (`fit_state.py`): here, the no-signal watch
 
     def make_experience(self, batch: dict[str, list[Any]]) -> Experience | None:
         """Rollout → rewards → log-probs → advantages, with the RL hooks in between."""
@@ -104,10 +109,49 @@ class MakeExperience:
             exp, cut = self.sample(batch, self.group_size, self.sampling, seed, self.hparams.seed_per_prompt,
                                    self.micro_batching.check_fits)
         exp.policy_version = self.engine.policy_version
+        self.probe_parity(batch)  # after the batch's prompts were checked, before anything is scored or trained
         exp = call_hook(self.trainer, self, "on_rollout_end", exp)
         with self.timer("rewards"):
-            failures = collect.score(exp, self.rewards, TrainerState.of(self._trainer))
+            failures = score_experience(exp, self.rewards, TrainerState.of(self._trainer))
         return exp, failures, cut
+
+    def probe_parity(self, batch: dict[str, list[Any]]) -> None:
+        """When due (`rollout.parity.ParityProbe`), after the training rollout's generation (its prompts
+        checked) and before its scoring: the batch's first prompt completed greedily by the
+        engine (the one behind a pipeline, drained first) and scored by the trainer's own log-prob
+        path; logs ``sampling/parity_max`` (the worst rank's; Lightning repeats a metric's last value
+        on the steps that do not log it, so between probes it is the last probe's) and stops the
+        step on a gap. ``timing/parity`` is logged at every step, 0 where none ran."""
+        engine = self.engine
+        inner = engine.inner if isinstance(engine, RolloutPipeline) else engine
+        if not self.parity.every or inner.phase != "training":
+            return
+        with self.timer("parity"):
+            gap = None
+            if self.parity.due(inner.held_version, self.policy_version, inner.sync_every):
+                if inner is not engine:
+                    engine.drain()  # the worker is idle while the probe uses the engine
+                prompt = collect.tokenize_prompts(self.tokenizer, list(batch["prompt"])[:1], self.sampling)[0][0]
+                gap = self.parity.measure(inner, prompt, self._probe_logprobs, self.policy_version)
+        if gap is None:
+            return
+        gap = float(reduce_over_ranks(self._trainer, [gap], op="max")[0])  # every rank stops, or none
+        self._log_dict({"sampling/parity_max": gap}, sync=False)
+        self.parity.check(gap, inner, f"global step {self.global_step}", self._low_precision(inner))
+
+    def probe_rejoined(self, engine: Any) -> None:
+        """The parity probe on one server back after a drop (``engine``: a view of it alone), for
+        `VLLMServerRollout`: ``ValueError`` when it does not sample from the policy (dropped again)."""
+        self.parity.check_rejoined(engine, self._probe_logprobs, self._low_precision(engine))
+
+    def _low_precision(self, engine: Any) -> bool:
+        return low_precision(self._trainer.precision if self._trainer is not None else "32-true", engine)
+
+    @torch.no_grad()
+    def _probe_logprobs(self, ids: torch.Tensor, completion_len: int) -> torch.Tensor:
+        ids = ids.to(self.device)
+        return completion_logprobs(self.policy, ids, torch.ones_like(ids), completion_len,
+                                   use_fused_kernel=self.hparams.use_fused_kernel)[0][0]
 
     def sample(self, batch: dict[str, list[Any]], group_size: int, sampling: Any, seed: int,
                seed_per_prompt: bool = False, check_prompts: Any = None) -> tuple[Experience, int]:
@@ -141,14 +185,17 @@ class MakeExperience:
     def _log_rollout(self, exp: Experience, failures: dict[str, int], cut: int) -> None:
         """Rollout metrics over every rank's samples (gathered, so stds and groups are exact), and
         ``num_tokens``: TRL's running count of prompt + completion (model) tokens over all ranks."""
-        counts = torch.tensor([*failures.values(), cut], dtype=torch.float32, device=self.device)
+        kept = self.rewards.call_counts()  # a reward's own counts of its last call (same keys on every rank)
+        counts = torch.tensor([*failures.values(), *kept.values(), cut], dtype=torch.float32, device=self.device)
         parts = [exp.scores, exp.rewards_per_func, exp.completion_mask.sum(1), exp.truncated,
                  exp.prompt_mask.sum(1), counts]
         if self.trainer.world_size > 1:
             parts = [g.flatten(0, 1) for g in self.all_gather(parts[:5])] + [self.all_gather(counts).sum(0)]
         rewards, per_func, lengths, truncated, prompt_lengths, counts = parts
         metrics = collect.rollout_metrics(rewards, per_func, lengths, truncated, self.group_size, self.rewards.names,
-                                          counts[:-1])
+                                          counts[:len(failures)])
+        metrics.update(zip(kept, counts[len(failures):-1].tolist()))
+        self.fit_state.no_signal.see(metrics["frac_reward_zero_std"], metrics["reward"], self.group_size)
         self.tokens_seen += int(prompt_lengths.sum().item() + lengths.sum().item())
         # staleness: every engine; the ranks step together, so their versions (and lags) are equal
         self._log_dict({**metrics, "prompts/truncated": float(counts[-1]), "num_tokens": float(self.tokens_seen),

@@ -35,7 +35,9 @@ def clip_extremes(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[st
     rows = tokens > 0
     out = {}
     for name, (stat, pick) in EXTREMES.items():
-        if stat in stats:
+        if stat in stats and stats[stat].dim() == 1:  # one decision per sequence (GSPO): every row's, as TRL's
+            fractions = stats[stat].detach().float().tolist()
+        elif stat in stats:
             fractions = ((stats[stat].detach().float() * mask).sum(-1)[rows] / tokens[rows]).tolist()
             out[name] = pick(fractions) if fractions else (math.inf if pick is min else -math.inf)
     return out

@@ -13,7 +13,7 @@ class StepTimer:
     """Accumulates seconds per stage name until `pop`. On CUDA it synchronises at each edge, so
     asynchronous kernels are charged to the stage that launched them.
 
-    Example:
+    Examples:
         >>> timer = StepTimer()
         >>> with timer("rollout"):
         ...     pass

@@ -29,7 +29,7 @@ from ..algorithms.aggregation import aggregate_loss
 from ..algorithms.correction import mismatch_metrics
 from ..algorithms.entropy_bonus import entropy_bonus
 from ..algorithms.entropy_mask import entropy_threshold, high_entropy_mask
-from ..algorithms.kl import kl_value
+from ..algorithms.kl import kl_metric
 from ..algorithms.surrogate import surrogate
 from ..batching import minibatch_orders
 from ..experience import Experience
@@ -134,7 +134,7 @@ class PolicyUpdate:
         mask = self.loss_mask(minibatch)
         # global (tokens, sequences), then this rank's tokens (bnpo's denominator)
         counts = (*reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])]), mask.sum().item())
-        threshold = self._minibatch_entropy_threshold(minibatch, mask)
+        threshold, kept = self._minibatch_entropy_threshold(minibatch, mask)
         chunks = self._agreed_split(minibatch)
         self.optimizers().zero_grad()
         totals: dict[str, float] = {}
@@ -142,7 +142,7 @@ class PolicyUpdate:
         for i, rows in enumerate(chunks):
             dummy = rows is None  # an FSDP2 rank with fewer micro-batches joins the others' collectives
             micro = minibatch.select(rows if rows is not None else [0]).trim()
-            loss, stats, logp = self.loss_and_logprobs(micro, counts=counts, entropy_threshold=threshold)
+            loss, stats, logp = self.loss_and_logprobs(micro, counts=counts, entropy_threshold=threshold, kept_tokens=kept)
             with self._backward_sync(last=i == len(chunks) - 1):
                 self.manual_backward(loss * 0.0 if dummy else loss)
             if dummy:
@@ -173,10 +173,11 @@ class PolicyUpdate:
         return self.loss_and_logprobs(mb, counts)[:2]
 
     def loss_and_logprobs(self, mb: Experience, counts: tuple[float, float] | None = None,
-                          entropy_threshold: torch.Tensor | None = None
+                          entropy_threshold: torch.Tensor | None = None, kept_tokens: float | None = None
                           ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
         """`loss`, and the detached current log-probs it computed. ``entropy_threshold``: the
-        mini-batch's high-entropy threshold (default: from this forward's entropies, all ranks)."""
+        mini-batch's high-entropy threshold (default: from this forward's entropies, all ranks);
+        ``kept_tokens``: how many tokens it keeps over the mini-batch (default: this forward's, all ranks)."""
         mask = self.loss_mask(mb)
         if counts is None:
             counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])
@@ -184,12 +185,15 @@ class PolicyUpdate:
         world = self.trainer.world_size if self._trainer is not None else 1
 
         def token_mean(values: torch.Tensor) -> float:
-            # × world / global tokens, then the mean over ranks at logging = the global token mean
+            # × world / global tokens, then the mean over ranks at logging = the global token mean;
+            # a per-sequence stat ([N]: GSPO's clip decisions, VESPO's φ) is a mean over sequences (TRL's)
+            if values.dim() == 1:
+                return float(values.detach().float().sum()) * world / max(seqs, 1.0)
             return float((values.detach().float() * mask).sum()) * world / max(tokens, 1.0)
 
         coef = self.hparams.entropy_coef
         logp, entropy = self.policy_logprobs(mb, with_entropy=True, entropy_grad=coef != 0)
-        logp = logp.float()  # the loss stays in fp32 whatever the model's precision
+        logp = logp if logp.dtype == torch.float64 else logp.float()  # the loss in fp32 at least, whatever the model's
         policy_mask = self._high_entropy_mask(entropy, mask, entropy_threshold)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         per_token, stats = surrogate(
@@ -206,14 +210,15 @@ class PolicyUpdate:
         if policy_mask is not None:
             metrics["top_entropy/kept_fraction"] = token_mean(policy_mask)
         if mb.ref_logprobs is not None:
-            metrics["kl"] = token_mean(kl_value(logp, mb.ref_logprobs))
+            metrics["kl"] = token_mean(kl_metric(self.kl_estimator, logp, mb.ref_logprobs, old, mask))
         # DDP averages gradients over ranks; scaling by the world size makes that a global sum.
         loss = world * aggregate_loss(per_token, mask, self.objective.loss_aggregation, num_tokens=tokens,
                                       num_seqs=seqs, norm_length=self.sampling.max_new_tokens,
                                       local_tokens=local[0] if local else mask.sum().item(), num_ranks=world)
         if coef:  # TRL's sign and normaliser (`algorithms.entropy_bonus`); its policy_loss is the loss before it
             metrics["policy_loss"] = loss.item()
-            loss = loss - world * coef * entropy_bonus(entropy, mask, tokens, policy_mask)
+            acted_on = tokens if policy_mask is None else self._kept_tokens(mask, policy_mask, kept_tokens)
+            loss = loss - world * coef * entropy_bonus(entropy, mask, acted_on, policy_mask)
         metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
         return loss, metrics, logp.detach()
 
@@ -253,15 +258,24 @@ class PolicyUpdate:
             threshold = entropy_threshold(entropy, mask, rho, self._gather_tokens)
         return high_entropy_mask(entropy, mask, threshold)
 
-    def _minibatch_entropy_threshold(self, minibatch: Experience, mask: torch.Tensor) -> torch.Tensor | None:
+    def _minibatch_entropy_threshold(self, minibatch: Experience, mask: torch.Tensor
+                                     ) -> tuple[torch.Tensor | None, float | None]:
         """With micro-batches, the threshold over the whole mini-batch from a no-grad forward
-        chunked like them (None when the loss forward can compute it itself)."""
+        chunked like them, and the count of tokens it keeps on every rank (the entropy bonus's
+        normaliser); (None, None) when the loss forward can compute them itself."""
         rho = self.hparams.top_entropy_quantile
         if rho >= 1 or not self.micro_batching.active:
-            return None
+            return None, None
         with torch.no_grad():
             entropy = self._logprobs(self.policy, minibatch, with_entropy=True)[1]
-        return entropy_threshold(entropy, mask, rho, self._gather_tokens)
+        threshold = entropy_threshold(entropy, mask, rho, self._gather_tokens)
+        return threshold, self._kept_tokens(mask, high_entropy_mask(entropy, mask, threshold), None)
+
+    def _kept_tokens(self, mask: torch.Tensor, policy_mask: torch.Tensor, known: float | None) -> float:
+        """The trained tokens ``top_entropy_quantile`` keeps, over every rank (``known`` when given)."""
+        if known is not None:
+            return known
+        return reduce_over_ranks(self._trainer, [float((mask * policy_mask).sum())])[0]
 
     def _gather_tokens(self, values: torch.Tensor) -> torch.Tensor:
         """Every rank's 1-D ``values`` concatenated (each padded to the longest with -inf for the

@@ -7,7 +7,7 @@ import torch
 
 from callback_helpers import Spy, fit, make_module
 from lightning_rlpt.callbacks import RewardDithering
-from lightning_rlpt.callbacks._common import seeded_generator
+from lightning_rlpt.seeding import keyed_generator
 
 
 @pytest.mark.parametrize("distribution", ["gaussian", "uniform"])
@@ -25,6 +25,6 @@ def test_dithering_noise_is_the_seeded_draw_with_the_right_statistics(distributi
     assert len(raw) == len(noisy) == 2  # the hook fired once per step on both sides of the dithering
     for t, (a, b) in enumerate(zip(raw, noisy)):
         scale = 0.1 * (1 - t / 2)
-        g = seeded_generator(11, t, 0)  # keyed by (seed, rollout, rank)
+        g = keyed_generator("dithering", 11, t, 0)  # keyed by (seed, rollout, rank)
         draw = torch.randn(16, generator=g) if distribution == "gaussian" else torch.rand(16, generator=g) * 2 - 1
         assert torch.allclose(b - a, draw * scale, atol=1e-7)

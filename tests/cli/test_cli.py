@@ -18,6 +18,7 @@ from conftest import ARITHMETIC, ROOT
 sys.path.insert(0, ARITHMETIC)  # the shipped config's example (its task module)
 import task  # noqa: E402
 from lightning_rlpt.cli import find_metrics, main
+from lightning_rlpt.cli.plotting import CURVES, plot_metrics
 
 CONFIG = os.path.join(ARITHMETIC, "config.yaml")
 SCRIPT = os.path.join(os.path.dirname(sys.executable), "lightning-rlpt")  # `pip install -e .` puts it there
@@ -60,15 +61,19 @@ def test_fit_from_config_logs_rewards_and_runs_yaml_callbacks(fit_run):
 
 
 def test_the_configs_optimizer_and_schedule_take_effect(fit_run):
-    """The config's AdamW(lr=3e-5) with WarmupCosineLR(total 200, warm-up 10): LearningRateMonitor
-    logs, at each step, the learning rate that step used: 3e-5 · s / 10 during the warm-up."""
+    """The config's AdamW(lr=3e-5) with WarmupCosineLR(total 200, warm-up 10): the module logs, at
+    each step, the learning rate that step used: 3e-5 · s / 10 during the warm-up (no
+    LearningRateMonitor in the config, so no lr-AdamW copy of it)."""
     csv_path = find_metrics(str(fit_run / "runs" / "arithmetic-cli"))
     lrs = {}
     with open(csv_path) as f:
-        for row in __import__("csv").DictReader(f):
-            if row.get("lr-AdamW"):
-                lrs[int(row["step"])] = float(row["lr-AdamW"])
-    assert lrs == pytest.approx({0: 0.0, 1: 3e-6, 2: 6e-6}, rel=1e-9, abs=1e-15)
+        reader = __import__("csv").DictReader(f)
+        for row in reader:
+            if row.get("learning_rate"):
+                lrs[int(row["step"])] = float(row["learning_rate"])
+    float32 = {step: torch.tensor(lr, dtype=torch.float32).item() for step, lr in {0: 0.0, 1: 3e-6, 2: 6e-6}.items()}
+    assert lrs == pytest.approx(float32, rel=1e-9, abs=1e-15)  # self.log keeps a float32
+    assert not [name for name in reader.fieldnames if name.startswith("lr-")]
 
 
 def test_docs_give_the_checkpoint_path_a_fit_writes():
@@ -119,8 +124,7 @@ def test_print_config_shows_module_data_and_trainer_keys(capsys):
     assert {"lora", "quantization", "updates_per_rollout", "rollout_correction"} <= set(printed["model"])
     assert printed["data"]["data"] == "examples/arithmetic/train.jsonl" and printed["data"]["val_batch_size"] == 300
     assert printed["trainer"]["max_steps"] == 200
-    checkpoint, monitor = printed["trainer"]["callbacks"]
-    assert monitor["class_path"].endswith("LearningRateMonitor")
+    (checkpoint,) = printed["trainer"]["callbacks"]  # no LearningRateMonitor: the module logs learning_rate
     assert checkpoint["class_path"].endswith("ModelCheckpoint") and checkpoint["init_args"]["save_last"] is True
     assert printed["model"]["optimizer"]["class_path"] == "torch.optim.AdamW"
     assert printed["model"]["lr_scheduler"]["class_path"] == "lightning_rlpt.optim.WarmupCosineLR"
@@ -156,11 +160,58 @@ def test_help_lists_the_commands_and_unknown_ones_fail(capsys):
     assert "unknown command 'train'" in capsys.readouterr().err
 
 
-def test_plot_writes_a_png_of_the_run(fit_run, tmp_path, capsys):
-    png = tmp_path / "curves.png"
+def test_python_dash_m_is_the_command(tmp_path):
+    """``python -m lightning_rlpt`` runs the same entry point as ``lightning-rlpt``, exit status
+    included, from any directory."""
+    ok = subprocess.run([sys.executable, "-m", "lightning_rlpt", "--help"], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=120)
+    assert ok.returncode == 0 and all(name in ok.stdout for name in ("fit", "validate", "plot", "export")), ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "lightning_rlpt", "train"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown command 'train'" in bad.stderr
+
+
+def drawn_panels(monkeypatch) -> dict[str, str]:
+    """Filled, as each figure is saved, with ``{panel title: y scale}``."""
+    from matplotlib.figure import Figure
+
+    drawn, save = {}, Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        drawn.update({ax.get_title(): ax.get_yscale() for ax in fig.axes})
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return drawn
+
+
+def test_plot_writes_a_png_of_the_run(fit_run, tmp_path, capsys, monkeypatch):
+    png, drawn = tmp_path / "curves.png", drawn_panels(monkeypatch)
     assert main(["plot", str(fit_run / "runs" / "arithmetic-cli"), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 1000
     assert str(png) in capsys.readouterr().out
+    header = open(find_metrics(str(fit_run / "runs" / "arithmetic-cli"))).readline().strip().split(",")
+    assert set(drawn) == {title for key, title in CURVES if key in header}  # a panel per metric logged
+    assert {"reward", "held-out accuracy", "learning rate", "throughput (tokens/s)"} <= set(drawn)
+
+
+NEW_PANELS = {"learning_rate": ("learning rate", "linear"), "throughput/tokens_per_s": ("throughput (tokens/s)", "linear"),
+              "sampling/parity_max": ("parity probe: max |Δ log p|", "symlog"),
+              "sampling/logp_diff/max": ("sampled vs trained: max |Δ log p|", "symlog")}
+
+
+@pytest.mark.parametrize("metrics", [[key] for key in NEW_PANELS] + [list(NEW_PANELS)])
+def test_plot_draws_a_panel_exactly_for_each_metric_present(metrics, tmp_path, monkeypatch):
+    """A CSV with reward, loss (no panel) and some of the metrics gets a panel for reward and for each
+    of them. The rollout-vs-trainer log-prob gaps (~1e-7 to 1, or exactly 0) get a log axis that shows 0."""
+    keys = ["reward", "loss", *metrics]
+    rows = [[step, 0, *(10.0 ** -(step * 3) if "sampling/" in key else step + 1.0 for key in keys)]
+            for step in range(3)]  # the gaps: 1, 1e-3, 1e-6
+    rows[0][-1] = 0.0
+    (tmp_path / "metrics.csv").write_text("\n".join(",".join(map(str, row)) for row in [["step", "epoch", *keys], *rows]))
+    drawn = drawn_panels(monkeypatch)
+    plot_metrics(str(tmp_path / "metrics.csv"), str(tmp_path / "curves.png"))
+    assert drawn == {"reward": "linear", **dict(NEW_PANELS[key] for key in metrics)}
 
 
 def test_plot_of_a_run_without_metrics_says_what_it_expected(tmp_path, capsys):

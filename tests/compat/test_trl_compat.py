@@ -18,7 +18,7 @@ FIELDS = dict(learning_rate=1e-5, weight_decay=0.1, adam_beta1=0.8, adam_beta2=0
               per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=4,
               num_generations=4, num_generations_eval=2, num_iterations=2, beta=0.04, epsilon=0.1,
               epsilon_high=0.28, loss_type="grpo", scale_rewards="none", importance_sampling_level="token",
-              use_bias_correction_kl=True, max_completion_length=16, max_prompt_length=32, temperature=0.9,
+              use_bias_correction_kl=True, max_completion_length=16, temperature=0.9,
               top_p=0.95, top_k=5, min_p=0.05, repetition_penalty=1.1, chat_template_kwargs={"x": 1},
               reward_weights=[1.0, 0.5], mask_truncated_completions=True, disable_dropout=True,
               top_entropy_quantile=0.2, gradient_checkpointing=False, shuffle_dataset=False,
@@ -34,7 +34,7 @@ MODULE = dict(objective="grpo", group_size=4, kl_coef=0.04, kl_estimator="k3_rat
               weight_decay=0.1, betas=(0.8, 0.99), reward_weights=[1.0, 0.5], val_samples=2, entropy_coef=0.01,
               multi_objective_aggregation="sum_then_normalize",
               generation=dict(max_new_tokens=16, temperature=0.9, top_p=0.95, top_k=5, min_p=0.05,
-                              repetition_penalty=1.1, max_prompt_length=32, chat_template_kwargs={"x": 1},
+                              repetition_penalty=1.1, max_prompt_length=None, chat_template_kwargs={"x": 1},
                               generation_kwargs={"no_repeat_ngram_size": 3}))
 
 
@@ -60,7 +60,7 @@ def test_trl_defaults_are_trl_behaviour_not_ours():
     m = args.module
     assert (m["kl_coef"], m["loss_aggregation"], m["disable_dropout"], m["generation"]["max_prompt_length"]) == (
         0.0, "token-mean", False, None)  # β 0, dapo = token-mean, dropout kept, no truncation
-    assert (m["kl_estimator"], m["advantage"], m["advantage_kwargs"], m["clip_high"]) == ("k3", "grpo", {"eps": 1e-4}, 0.2)
+    assert (m["kl_estimator"], m["advantage"], m["advantage_kwargs"], m["clip_high"]) == ("k3_ratio", "grpo", {"eps": 1e-4}, 0.2)  # TRL 1.16: bias-corrected KL
     assert (m["rollout_correction"], m["rollout_correction_cap"], m["minibatch_size"]) == ("seq_mis", 3.0, None)
     assert (m["entropy_coef"], m["multi_objective_aggregation"]) == (0.0, "sum_then_normalize")
     assert (m["lr_scheduler"].func, m["lr_scheduler"].keywords) == (WarmupLinearLR, dict(warmup_steps=0.0))
@@ -85,9 +85,18 @@ def test_cispo_epsilon_high_is_the_absolute_cap():
           policy_loss_kwargs=dict(temperature_pos=0.9, temperature_neg=1.2))),
     (dict(loss_type="luspo", importance_sampling_level="sequence"),
      dict(policy_loss="luspo", loss_aggregation="seq-mean-token-mean")),
-    (dict(loss_type="vespo", vespo_k_pos=1.5), dict(
+    (dict(loss_type="vespo", vespo_k_pos=1.5, vllm_importance_sampling_mode="token_truncate"), dict(
         policy_loss="vespo", loss_aggregation="token-mean", rollout_correction=None,  # VESPO corrects itself
-        policy_loss_kwargs=dict(k_pos=1.5, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, behaviour_cap=3.0))),
+        policy_loss_kwargs=dict(k_pos=1.5, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, behaviour_cap=3.0,
+                                behaviour_mode="truncate"))),
+    (dict(loss_type="vespo", vllm_importance_sampling_mode="token_mask"), dict(
+        policy_loss_kwargs=dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, behaviour_cap=3.0,
+                                behaviour_mode="mask"))),
+    (dict(loss_type="vespo", vllm_importance_sampling_correction=False), dict(
+        policy_loss_kwargs=dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0, behaviour_cap=3.0,
+                                behaviour_mode=None))),
+    (dict(importance_sampling_level="sequence"), dict(policy_loss="gspo", kl_estimator="k3_seq_ratio")),
+    (dict(importance_sampling_level="sequence", use_bias_correction_kl=False), dict(kl_estimator="k3")),
     (dict(scale_rewards="batch"), dict(advantage="grpo_batch_std", advantage_kwargs={"eps": 1e-4})),
     (dict(scale_rewards=False), dict(advantage="dr_grpo", advantage_kwargs={})),
     # GDPO: TRL normalises the sum over the batch whatever scale_rewards says
@@ -101,7 +110,7 @@ def test_trl_loss_types_and_scalings_map_to_ours(fields, expected):
 
 @pytest.mark.parametrize("fields", [
     dict(loss_type="bnpo"), dict(loss_type="sapo"), dict(loss_type="luspo", importance_sampling_level="sequence"),
-    dict(loss_type="vespo"), dict(loss_type="cispo", epsilon_high=5.0),
+    dict(loss_type="vespo", vllm_importance_sampling_mode="token_mask"), dict(loss_type="cispo", epsilon_high=5.0),
     dict(scale_rewards="batch", multi_objective_aggregation="normalize_then_sum", entropy_coef=0.01,
          generation_kwargs={"no_repeat_ngram_size": 3})])
 def test_each_converted_loss_type_builds_an_rlmodule(fields, warm_start_dir):
@@ -137,7 +146,7 @@ def test_a_trl_config_after_its_post_init_converts():
     """A real GRPOConfig has derived generation_batch_size (global) from steps_per_generation: that
     pair is read by steps_per_generation; generation_batch_size alone is refused (it counts all processes)."""
     args = from_grpo_config(dict(per_device_train_batch_size=4, steps_per_generation=4, generation_batch_size=32,
-                                 num_generations=4, lr_scheduler_type="linear", warmup_ratio=0.1))
+                                 num_generations=4, lr_scheduler_type="linear", warmup_steps=0.1))
     assert args.data["batch_size"] == 4
     assert args.module["lr_scheduler"].keywords == dict(warmup_steps=0.1)  # a fraction of the run, as transformers
     with pytest.raises(ValueError, match=r"generation_batch_size=32: give steps_per_generation instead"):
@@ -214,7 +223,7 @@ def test_rlmodule_names_the_equivalent_of_a_trl_name(name, equivalent, warm_star
 def test_converted_arguments_fit(warm_start_dir, arithmetic_rows):
     args = from_grpo_config(dict(beta=0.04, loss_type="grpo", num_generations=4, per_device_train_batch_size=4,
                                  gradient_accumulation_steps=2, steps_per_generation=2, max_completion_length=4,
-                                 max_prompt_length=8, learning_rate=1e-3, max_steps=2, logging_steps=1,
+                                 learning_rate=1e-3, max_steps=2, logging_steps=1,
                                  bf16=False, gradient_checkpointing=False, mask_truncated_completions=True))
     module = RLModule(warm_start_dir, reward_funcs=[task.exact_answer], **args.module)
     before = [p.detach().clone() for p in module.policy.parameters()]

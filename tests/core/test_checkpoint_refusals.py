@@ -2,6 +2,7 @@
 one without the module's state, one trained with other settings (unless overridden by name),
 and one with a corrupted tensor."""
 import os
+import warnings
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import tiny_task as task
 from conftest import quiet_trainer
-from lightning_rlpt import PromptDataModule, RLModule
+from lightning_rlpt import PromptDataModule, RLModule, seeding
 from lightning_rlpt.checkpoint import ALGORITHM_KEYS
 
 
@@ -35,7 +36,10 @@ def checkpoint(warm_start_dir, arithmetic_rows, tmp_path_factory) -> str:
 
 
 def rewrite(checkpoint: str, path, change) -> str:
+    """A copy of ``checkpoint`` edited on purpose (so without the whole-state checksums, as the
+    refusal of an edited checkpoint says to do)."""
     state = torch.load(checkpoint, weights_only=False)
+    state["lightning_rlpt"].pop("state_checksums")
     change(state)
     torch.save(state, path)
     return str(path)
@@ -87,7 +91,7 @@ def flip_4kib_inside(checkpoint: str, path, name: str) -> str:
 def test_a_corrupted_tensor_is_refused_by_name(checkpoint, warm_start_dir, arithmetic_rows, tmp_path):
     name = "policy.model.layers.1.mlp.down_proj.weight"
     path = flip_4kib_inside(checkpoint, tmp_path / "corrupt.ckpt", name)
-    with pytest.raises(ValueError, match=rf"\['{name}'\] do not match the checksum"):
+    with pytest.raises(ValueError, match=rf"corrupt.ckpt' is corrupted: .*tensor storage.*changed part\(s\): \['{name}'\]"):
         fit(make_module(warm_start_dir), arithmetic_rows, 2, ckpt_path=path)
 
 
@@ -105,6 +109,22 @@ def test_a_checkpoint_from_before_the_checks_resumes_with_a_warning(checkpoint, 
     with pytest.warns(UserWarning, match=r"older lightning_rlpt and lacks \['rollout_draws', 'algorithm', 'checksums'\]"):
         fit(module, arithmetic_rows, 2, ckpt_path=path)
     assert module.policy_version == 2 and module.rollout_draws == 2  # the stream went on from policy_version 1
+
+
+def test_a_checkpoint_from_before_the_seeding_module_resumes_warning_that_draws_change(checkpoint, warm_start_dir,
+                                                                                       arithmetic_rows, tmp_path):
+    """Seeds were derived four ways before `lightning_rlpt.seeding`: such a run resumes exactly but
+    for its draws, and says so; a checkpoint of this version resumes without the warning."""
+    assert torch.load(checkpoint, weights_only=False)["lightning_rlpt"]["seeding"] == seeding.VERSION
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(make_module(warm_start_dir), arithmetic_rows, 2, ckpt_path=checkpoint)
+    assert not [w for w in caught if "seed derivation" in str(w.message)]
+    path = rewrite(checkpoint, tmp_path / "old_seeds.ckpt", lambda s: s["lightning_rlpt"].pop("seeding"))
+    module = make_module(warm_start_dir)
+    with pytest.warns(UserWarning, match=r"seed derivation 1, this version uses 2 .*samples other completions"):
+        fit(module, arithmetic_rows, 2, ckpt_path=path)
+    assert module.policy_version == 2 and module.rollout_draws == 2
 
 
 def before_this_version(max_prompt_length: int):

@@ -12,6 +12,7 @@ from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 from lightning_rlpt.algorithms.entropy_bonus import entropy_bonus
 from lightning_rlpt.model.logprobs import position_ids_for
+from lightning_rlpt.rewards import score_experience
 from lightning_rlpt.rollout import collect
 
 GEN = dict(max_new_tokens=6, max_prompt_length=8, temperature=0.7)
@@ -25,7 +26,7 @@ def _module(model_dir, **kwargs):
 def _experience(module, rows):
     batch = dict(prompt=[r["prompt"] for r in rows], answer=[r["answer"] for r in rows])
     exp, _ = collect.rollout(module.engine, module.tokenizer, batch, module.group_size, module.sampling, 1, "cpu")
-    collect.score(exp, module.rewards)
+    score_experience(exp, module.rewards)
     exp.advantages = torch.randn(len(exp), generator=torch.Generator().manual_seed(0))
     return exp
 

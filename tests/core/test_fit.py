@@ -16,7 +16,7 @@ METRICS = ["reward", "reward_std", "reward_group_std", "frac_reward_zero_std", "
            "completions/clipped_ratio", "completions/mean_terminated_length", "num_tokens", "learning_rate",
            "step_time", "kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/low_min",
            "clip_ratio/high_max", "loss", "rewards/exact_answer/mean", "rewards/exact_answer/std", "val/accuracy",
-           "val/pass@1", "val/pass@2"]
+           "val/pass_at_1", "val/pass_at_2"]
 
 MODES = {
     "full": {},

@@ -9,6 +9,7 @@ import tiny_task as task
 from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 from lightning_rlpt.batching import MicroBatching, logprobs_in_chunks
+from lightning_rlpt.rewards import score_experience
 from lightning_rlpt.rollout import collect
 
 GEN = dict(max_new_tokens=6, max_prompt_length=8)
@@ -42,7 +43,7 @@ def _grads(model_dir, rows, steps=1, **kwargs):
 def _rollout(module, rows):
     batch = dict(prompt=[r["prompt"] for r in rows], answer=[r["answer"] for r in rows])
     exp, _ = collect.rollout(module.engine, module.tokenizer, batch, module.group_size, module.sampling, 1, "cpu")
-    collect.score(exp, module.rewards)
+    score_experience(exp, module.rewards)
     return exp
 
 

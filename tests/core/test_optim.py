@@ -83,10 +83,14 @@ def test_scheduler_steps_once_per_optimizer_step_and_monitor_logs_it(warm_start_
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
     import csv
     with open(f"{logger.log_dir}/metrics.csv") as f:
-        logged = {int(r["step"]): float(r["lr-AdamW"]) for r in csv.DictReader(f) if r.get("lr-AdamW")}
+        rows = list(csv.DictReader(f))
+    logged = {int(r["step"]): float(r["lr-AdamW"]) for r in rows if r.get("lr-AdamW")}
+    own = {int(r["step"]): float(r["learning_rate"]) for r in rows if r.get("learning_rate")}
     # logged at the start of each batch, under the count of batches (Lightning's logging step): the
-    # rate the batch's first optimizer step used (steps 0 and 4)
+    # rate the batch's first optimizer step used (steps 0 and 4); the module's own learning_rate, under
+    # the same step, is the rate of the batch's last (steps 3 and 7), as TRL's
     assert logged == pytest.approx({0: 0.01, 1: 0.01 * (1 - 4 / 8)})
+    assert own == pytest.approx({0: 0.01 * (1 - 3 / 8), 1: 0.01 * (1 - 7 / 8)})
 
 
 def test_schedule_resumes_exactly(tmp_path, warm_start_dir, arithmetic_rows):

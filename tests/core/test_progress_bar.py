@@ -57,6 +57,16 @@ def test_with_max_epochs_only_the_bar_counts_the_epochs_rollouts(warm_start_dir,
     assert seen == [(1, 2, "Epoch 0/0"), (2, 2, "Epoch 0/0")]
 
 
+@pytest.mark.parametrize("make_bar", [_rich, _tqdm])
+def test_the_bar_shows_the_rl_metrics_not_the_loggers_version(make_bar, warm_start_dir, arithmetic_rows, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    trainer, _ = _fit(warm_start_dir, arithmetic_rows[:4], make_bar(), max_steps=4,
+                      logger=CSVLogger(str(tmp_path), name="run", version=0))  # Lightning draws it as v_num: 0.000
+    shown = trainer.progress_bar_callback.get_metrics(trainer, trainer.lightning_module)
+    assert "reward" in shown and "v_num" not in shown
+
+
 class MyBar(TQDMProgressBar):
     pass
 

@@ -63,3 +63,35 @@ def test_the_filters_match_their_message_only():
         warnings.warn_explicit("Total length of `list` across ranks is zero. Please make sure this was your "
                                "intention.", UserWarning, "x.py", 1, module="my_project.data")  # not Lightning's
     assert len(caught) == 3
+
+
+def test_the_engine_reload_filters_drop_two_idle_messages_and_keep_the_sign_of_a_broken_sync():
+    """vLLM's "RotaryEmbedding: Failed to load weights" (tables it computes itself) and bitsandbytes'
+    absent hub kernel go; the same vLLM words for a layer with weights (the tied-head bug's
+    "ParallelLMHead: Failed to load weights") stay. The README quickstart's test checks a real run."""
+    import logging
+
+    from lightning_rlpt.quiet import quiet_engine_reload
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    quiet_engine_reload()
+    reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    bnb_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    handler = Keep()
+    for log in (reload_log, bnb_log):
+        log.addHandler(handler)
+    try:
+        reload_log.warning("%s: Failed to load weights", "RotaryEmbedding")
+        reload_log.warning("%s: Failed to load weights", "Llama3RotaryEmbedding")
+        reload_log.warning("%s: Failed to load weights", "ParallelLMHead")
+        bnb_log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "no kernels")
+        bnb_log.warning("some other bitsandbytes warning")
+    finally:
+        for log in (reload_log, bnb_log):
+            log.removeHandler(handler)
+    assert seen == ["ParallelLMHead: Failed to load weights", "some other bitsandbytes warning"]

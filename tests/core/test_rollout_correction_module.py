@@ -11,6 +11,7 @@ import torch
 
 import tiny_task as task
 from lightning_rlpt import RLModule
+from lightning_rlpt.rewards import score_experience
 from lightning_rlpt.rollout import collect
 
 CAP = 1.3
@@ -27,7 +28,7 @@ def _experience(module, rows):
     """A rollout whose behaviour log-probs sit δ (uniform in ±0.4, fixed) below the policy's."""
     batch = dict(prompt=[r["prompt"] for r in rows], answer=[r["answer"] for r in rows])
     exp, _ = collect.rollout(module.engine, module.tokenizer, batch, module.group_size, module.sampling, 1, "cpu")
-    collect.score(exp, module.rewards)
+    score_experience(exp, module.rewards)
     gen = torch.Generator().manual_seed(0)
     exp.advantages = torch.randn(len(exp), generator=gen)  # every row trains
     with torch.no_grad():

@@ -11,6 +11,7 @@ import tiny_task as task
 from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 from lightning_rlpt.algorithms.entropy_mask import entropy_threshold, high_entropy_mask
+from lightning_rlpt.rewards import score_experience
 from lightning_rlpt.rollout import collect
 
 GEN = dict(max_new_tokens=6, max_prompt_length=8)
@@ -25,7 +26,7 @@ def _module(model_dir, **kwargs):
 def _experience(module, rows):
     batch = dict(prompt=[r["prompt"] for r in rows], answer=[r["answer"] for r in rows])
     exp, _ = collect.rollout(module.engine, module.tokenizer, batch, module.group_size, module.sampling, 1, "cpu")
-    collect.score(exp, module.rewards)
+    score_experience(exp, module.rewards)
     exp.advantages = torch.randn(len(exp), generator=torch.Generator().manual_seed(0))  # every row trains
     return exp
 

@@ -100,3 +100,27 @@ def test_a_jsonl_line_that_is_not_json_names_the_line(tmp_path):
     path.write_text('{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", "answer": 4,}\n')
     with pytest.raises(ValueError, match=r"line 3 of '.*prompts.jsonl' is not a JSON object"):
         setup(str(path))
+
+
+def test_an_empty_jsonl_is_refused_naming_the_file(tmp_path):
+    """Issue 37: an empty .jsonl failed with a bare StopIteration from `datasets`, naming no file."""
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n  \n")
+    with pytest.raises(ValueError, match=rf"prompt data '{path}' is empty: it holds no rows"):
+        PromptDataModule(str(path)).setup("fit")
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", '"text"', "3"])
+def test_a_json_line_that_is_not_an_object_is_refused_naming_the_line(tmp_path, line):
+    """Issue 37: a valid JSON line that is not an object gave `DatasetGenerationError` without a line."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "1+1=", "answer": "2"}\n\n' + line + '\n{"prompt": "2+2=", "answer": "4"}\n')
+    with pytest.raises(ValueError, match=rf"line 3 of '{path}' is valid JSON but not an object: .*fix or remove that row"):
+        PromptDataModule(str(path)).setup("fit")
+
+
+def test_a_json_list_item_that_is_not_an_object_is_refused(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text('[{"prompt": "1+1=", "answer": "2"}, [1, 2]]')
+    with pytest.raises(ValueError, match=rf"item 1 of its list of '{path}' is valid JSON but not an object"):
+        PromptDataModule(str(path)).setup("fit")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from lightning_rlpt.rollout.collect import score, to_experience, tokenize_prompts
+from lightning_rlpt.rewards import score_experience
+from lightning_rlpt.rollout.collect import to_experience, tokenize_prompts
 from lightning_rlpt.data import PromptDataModule
 from lightning_rlpt.rewards import RewardFunctions
 from lightning_rlpt.rollout import RolloutOutput
@@ -57,7 +58,7 @@ def seen_by_reward(batch, tokenizer, group_size=2):
     rows = [[1, 4] for _ in range(len(batch["prompt"]) * group_size)]
     exp = to_experience(RolloutOutput([[5, 2]] * len(rows)), rows, tokenizer, batch, group_size, SamplingConfig(),
                         torch.device("cpu"))
-    score(exp, RewardFunctions([spy]))
+    score_experience(exp, RewardFunctions([spy]))
     return got
 
 

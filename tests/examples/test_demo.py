@@ -31,3 +31,9 @@ def test_short_demo_improves_held_out_accuracy(tmp_path):
     assert result["after"] - result["before"] >= 0.10, result
     assert os.path.getsize(tmp_path / "metrics.csv") > 0
     assert os.path.getsize(tmp_path / "curves.png") > 10_000
+
+
+def test_the_report_names_the_held_out_count_the_task_has():
+    import demo_report  # noqa: E402  (examples/arithmetic/demo_report.py: imports nothing heavy)
+
+    assert demo_report.HELD_OUT == task.HELD_OUT

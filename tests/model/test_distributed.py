@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TESTS, WALL_CLOCK
+from conftest import ROOT, TESTS, NOT_COMPARED
 import torch
 
 SCRIPT = os.path.join(TESTS, "scripts", "distributed_fit.py")
@@ -22,7 +22,7 @@ def _run(strategy: str, out, *extra: str) -> tuple[list[dict[str, float]], dict[
     rows = []
     for path in sorted(out.glob("**/metrics.csv")):
         with open(path) as f:
-            rows += [{k: float(v) for k, v in r.items() if v != "" and not k.startswith(WALL_CLOCK)}
+            rows += [{k: float(v) for k, v in r.items() if v != "" and not k.startswith(NOT_COMPARED)}
                      for r in csv.DictReader(f)]
     if strategy != "single":
         w0, w1 = (torch.load(out / f"weights_rank{r}.pt") for r in (0, 1))

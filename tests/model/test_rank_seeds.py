@@ -9,14 +9,14 @@ import sys
 import pytest
 from conftest import TESTS
 
-from lightning_rlpt.checkpoint import rollout_stream
+from lightning_rlpt.seeding import keyed_generator
 
 SCRIPT = os.path.join(TESTS, "scripts", "rank_seeds_fit.py")
 
 
 def test_rollout_stream_is_keyed_by_seed_rank_and_draw():
     def first(*keys):
-        return rollout_stream(*keys).initial_seed()
+        return keyed_generator("rollout", *keys).initial_seed()  # what RLModule draws from
 
     assert first(3, 0, 5) == first(3, 0, 5)
     assert len({first(3, 0, 5), first(3, 1, 5), first(3, 0, 6), first(4, 0, 5)}) == 4

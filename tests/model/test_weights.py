@@ -113,7 +113,7 @@ class _StubLLM:
 def test_sleep_between_phases_orders_sleep_and_wake(monkeypatch):
     engine = VLLMEngine.__new__(VLLMEngine)
     engine.__dict__.update(llm=_StubLLM(), can_sleep=True, asleep=False, phase="training", where="x", syncs=0,
-                           overrides={}, max_model_len=32, eos_token_id=2, sync_every=1, policy_version=0)
+                           overrides={}, max_model_len=32, eos_token_id=2, sync_every=1, policy_version=0, served_head=True)
     monkeypatch.setattr(VLLMEngine, "sampling_params", lambda self, s, stop, seeds: [])
     monkeypatch.setattr("vllm.inputs.TokensPrompt", dict, raising=False)
     cfg = SamplingConfig(max_new_tokens=2)

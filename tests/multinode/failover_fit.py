@@ -1,9 +1,10 @@
-"""tests/scripts/distributed_fit.py with running servers and a short ``request_timeout``
-(``$REQUEST_TIMEOUT`` s): a server whose host drops off the network mid-rollout costs at most that
-long before its requests go to the others (test_multinode_rollout_faults.py). Writes
-``syncs.json``: each weight sync's bytes, seconds and live servers.
+"""tests/scripts/distributed_fit.py with running servers and short timeouts (``$REQUEST_TIMEOUT`` s
+for a completion, ``$CONTROL_TIMEOUT`` s, default 120, for a weight reload): a server whose host
+drops off the network mid-run costs at most that long before its requests go to the others
+(test_multinode_rollout_faults.py). Writes ``syncs.json``: each weight sync's bytes, seconds and
+live servers.
 
-    REQUEST_TIMEOUT=20 python tests/multinode/failover_fit.py --strategy single --out DIR \\
+    REQUEST_TIMEOUT=20 CONTROL_TIMEOUT=40 python tests/multinode/failover_fit.py --strategy single --out DIR \\
         --engine server --server-urls http://A:8000,http://B:8000
 """
 import json
@@ -33,7 +34,7 @@ class SyncRecorder(fit.RLCallback):
 def engine_callbacks(engine: str, out: str, urls: str | None = None) -> list:
     from lightning_rlpt.callbacks import VLLMServerRollout
     servers = VLLMServerRollout(urls=urls.split(","), request_timeout=float(os.environ["REQUEST_TIMEOUT"]),
-                                control_timeout=120, warn_after=5)
+                                control_timeout=float(os.environ.get("CONTROL_TIMEOUT", "120")), warn_after=5)
     return [servers, fit.ServerRecorder(), fit.ServedWeights(out), SyncRecorder(out)]
 
 

@@ -1,13 +1,21 @@
 """The test cluster itself: hosts reach each other by address and nothing else, a cut link
-fails fast, and everything it made is gone after `close` (processes by PID, namespaces by name)."""
+fails fast, everything it made is gone after `close` (processes by PID, namespaces by name),
+and clusters have owners: a sweep takes only those whose lock is free, `down TOKEN` only its own."""
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from netns_cluster import PREFIX, Cluster, namespaces, sweep
+from netns_cluster import PREFIX, Cluster, lock_path, namespaces, sweep
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NETNS = os.path.join(TESTS, "netns_cluster.py")
+KILLED_BUILDER = ("import os, signal, netns_cluster as n; c = n.Cluster(['k']); print('token', c.token, flush=True); "
+                  "os.kill(os.getpid(), signal.SIGKILL)")
 
 PROBE = ("import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); "
          "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(12).decode())")
@@ -22,6 +30,10 @@ def _serve(cluster: Cluster, host: str, port: int) -> subprocess.Popen:
             return server
         time.sleep(0.2)
     raise AssertionError("the probe server did not start")
+
+
+def _ip_link(namespace: str) -> str:
+    return subprocess.run(["ip", "-n", namespace, "link"], capture_output=True, text=True, timeout=30).stdout
 
 
 def _reach(cluster, host, address, port):
@@ -58,15 +70,52 @@ def test_a_failed_test_still_leaves_nothing(cluster):
     assert not [n for n in namespaces() if n.startswith(c.tag)]
 
 
-def test_sweep_removes_what_a_killed_run_left():
+def _sweep_elsewhere() -> list[str]:
+    """`sweep` as a concurrent test run calls it: from another process."""
+    done = subprocess.run([sys.executable, "-c", "import netns_cluster as n; print(' '.join(n.sweep()))"],
+                          cwd=TESTS, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_clusters_have_owners_and_a_sweep_takes_only_the_unowned(cluster):
+    mine = cluster(["a", "b"])
+    up = subprocess.run([sys.executable, NETNS, "up", "x", "y"], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    [token] = re.findall(r"^token (\S+)$", up.stdout, flags=re.M)  # `up` prints the token it holds
+    kept = [f"{PREFIX}{token}-{h}" for h in ("sw", "x", "y")]
+    try:
+        # A killed builder (SIGKILL: no close) leaves namespaces whose lock nobody holds.
+        killed = subprocess.run([sys.executable, "-c", KILLED_BUILDER], cwd=TESTS, capture_output=True, text=True,
+                                timeout=120)
+        [orphan] = re.findall(r"^token (\S+)$", killed.stdout, flags=re.M)
+        assert killed.returncode == -signal.SIGKILL and f"{PREFIX}{orphan}-k" in namespaces()
+        swept = _sweep_elsewhere()
+        assert sorted(swept) == sorted([f"{PREFIX}{orphan}-sw", f"{PREFIX}{orphan}-k"]), swept
+        here = namespaces()
+        assert set(kept) <= set(here), "a sweep deleted the cluster `up` keeps"
+        assert {mine.switch, mine.namespace("a"), mine.namespace("b")} <= set(here), "a sweep deleted a live run's"
+        # `down TOKEN` removes that cluster only.
+        down = subprocess.run([sys.executable, NETNS, "down", token], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stderr
+        here = namespaces()
+        assert not set(kept) & set(here) and {mine.namespace("a"), mine.namespace("b")} <= set(here)
+        assert "eth0" in _ip_link(mine.namespace("a")) and not os.path.exists(lock_path(token))
+    finally:
+        if os.path.exists(lock_path(token)):  # still held by its keeper: stop it too
+            subprocess.run([sys.executable, NETNS, "down", token], capture_output=True, timeout=120)
+    refused = subprocess.run([sys.executable, NETNS, "down", mine.token], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "belongs to the running process" in refused.stderr  # not `up`'s: left alone
+
+
+def test_an_older_runs_pid_named_namespaces_are_swept_when_that_pid_is_gone():
     if Cluster.unavailable():
         pytest.skip(Cluster.unavailable())
     dead = subprocess.Popen(["true"])
-    dead.wait()  # a PID that no longer runs stands for a killed test run
+    dead.wait()  # a PID that no longer runs stands for a killed test run of the code before tokens
     name = f"{PREFIX}{dead.pid}-left"
     subprocess.run(["ip", "netns", "add", name], check=True)
     assert name in sweep() and name not in namespaces()
-    assert f"{PREFIX}{os.getpid()}-x" not in sweep()  # a live run's namespaces are left alone
 
 
 def test_bad_host_names_are_refused():

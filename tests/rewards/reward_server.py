@@ -16,6 +16,7 @@ POST paths (the body is `HTTPReward`'s JSON):
     /deep          {"rewards": [[[...]]]} nested 100,000 deep
     /oversize      as /length plus a 5,000,000-character "debug" field (over the default 4 MiB cap)
     /endless       announces 10**12 bytes and sends spaces until the client hangs up
+    /drip          a valid answer, one byte every 0.2 s (each read is quick, the whole answer is not)
 GET /log: every request received so far, as [{"path", "method", "headers", "n", "keys", "trainer_state",
 "rewards"}]. Any other GET is logged and answered {"rewards": [100.0] * n} (n from ``?n=``): the
 answer of a host that a redirect sent a request to.
@@ -86,10 +87,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._answer(200, b'{"rewards": [' + b"9" * 5000 + b"]}")
         if self.path == "/endless":
             return self._endless()
+        if self.path == "/drip":
+            return self._drip(json.dumps({"rewards": _lengths(body)}).encode())
         if self.path == "/deep":
             return self._answer(200, b'{"rewards": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
         if self.path == "/slow":
             time.sleep(3)
+        if self.path == "/short" or (self.path == "/short_once" and count == 0):
+            return self._short(json.dumps({"rewards": _lengths(body)}).encode())
         if self.path == "/flaky" and count < 2:
             return self._answer(503, {"error": "warming up"})
         if self.path == "/refuse":
@@ -104,6 +109,18 @@ class Handler(BaseHTTPRequestHandler):
         entry["rewards"] = rewards
         self._answer(200, {"rewards": rewards, **({"debug": "x" * 5_000_000} if self.path == "/oversize" else {})})
 
+    def _drip(self, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            for i in range(len(data)):
+                self.wfile.write(data[i:i + 1])
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:  # the client gave up and closed the connection
+            pass
+
     def _endless(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", str(10**12))
@@ -113,6 +130,16 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b" " * 2**16)
         except OSError:  # the client stopped reading and closed the connection
             pass
+
+    def _short(self, data: bytes) -> None:
+        """The connection drops mid-answer: half the announced Content-Length, then the socket closes."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[:len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
 
     def _redirect(self, status: int, location: str) -> None:
         self.send_response(status)

@@ -2,7 +2,7 @@
 stdlib ``ThreadingHTTPServer`` on 127.0.0.1, run as a subprocess (``python sandbox_service.py``
 prints its port), plus `running_service`, which starts it and stops it by pid.
 
-``execute`` is the one place that runs code: `lightning_rlpt.rewards.sandbox.run_program`, the
+``execute`` is the one place that runs code: `lightning_rlpt.rewards.code.sandbox.run_program`, the
 project's own local sandbox.
 
 POST paths (the body is a run_code request):
@@ -16,6 +16,7 @@ POST paths (the body is a run_code request):
     /wrong_schema/run_code    JSON without "status" / "run_result"
     /huge/run_code            4 MiB of text that is not JSON
     /redirect/run_code        HTTP 302 to /redirected/run_code
+    /short/run_code           the run's answer cut to half its Content-Length, then the connection closes
 GET /log: every request body received so far, as [{"path", "body"}].
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lightning_rlpt.rewards.sandbox import Limits, run_program
+from lightning_rlpt.rewards.code.sandbox import Limits, run_program
 from reward_server import fetch_log, stop  # noqa: F401 - fetch_log: GET /log, as for the reward server
 
 LOG: list[dict] = []
@@ -66,14 +67,18 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:  # quiet
         pass
 
-    def _answer(self, status: int, payload, headers: dict | None = None) -> None:
+    def _answer(self, status: int, payload, headers: dict | None = None, cut: int | None = None) -> None:
+        """Answer ``payload``; with ``cut``, only its first ``cut`` bytes, then the connection closes."""
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.send_response(status)
         for key, value in {"Content-Type": "application/json", **(headers or {})}.items():
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(data if cut is None else data[:cut])
+        if cut is not None:
+            self.wfile.flush()
+            self.close_connection = True
 
     def do_GET(self) -> None:
         with LOCK:
@@ -98,11 +103,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._answer(200, canned[self.path])
         if self.path == "/redirect/run_code":
             return self._answer(302, b"", {"Location": "/redirected/run_code"})
+        if self.path == "/short/run_code":
+            data = json.dumps(run_code(body)).encode()
+            return self._answer(200, data, cut=len(data) // 2)
         self._answer(200, run_code(body))
 
 
 @contextlib.contextmanager
-def running_service(timeout: float = 20.0):
+def running_service(timeout: float = 60.0):  # importing the package takes 8 s on 2 idle cores
     """Start this file as a subprocess; yield ``(base_url, process)``; stop it by pid at the end."""
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__)], stdout=subprocess.PIPE, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__)))

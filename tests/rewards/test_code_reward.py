@@ -9,7 +9,7 @@ import pytest
 from lightning_rlpt import CodeExecutionReward
 from lightning_rlpt.rewards import RewardError, RewardFunctions
 from lightning_rlpt.rewards.code import SandboxLimitError, extract_code
-from lightning_rlpt.rewards.sandbox import Limits, run_tests
+from lightning_rlpt.rewards.code.sandbox import Limits, run_tests
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", "assert add(-1, 1) == 0"]
 LOOP = "while True:\n    pass"

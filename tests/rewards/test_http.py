@@ -79,7 +79,7 @@ def test_endpoint_down_raises_naming_the_url_or_scores_zero():
         assert proc.poll() is not None
         reward = HTTPReward(url + "/length", retries=1, backoff=0.05, timeout=2)
         with pytest.raises(RewardError, match=rf"'http' failed on a batch of 3 completions: reward service "
-                                              rf"{url}/length failed 2 attempt\(s\).*Connection.*Refused.*Check that it is "
+                                              rf"{url}/length failed 2 attempt\(s\).*last: ConnectionError: .*Connection refused.*Check that it is "
                                               r"running.*reward_on_error='zero'"):
             RewardFunctions([reward, const])(PROMPTS[:3], COMPLETIONS[:3], {})
         with pytest.warns(UserWarning, match=r"all 3 scored 0 and counted in rewards/http/failures"):
@@ -93,6 +93,16 @@ def test_slow_endpoint_times_out_per_request(server):
     with pytest.raises(RewardError, match=r"/slow failed 2 attempt\(s\) \(timeout 0.3 s each\); last: .*timed out"):
         RewardFunctions([reward])(PROMPTS[:2], COMPLETIONS[:2], {})
     assert time.monotonic() - start < 2.5  # the server sleeps 3 s per request: nobody waited for it
+
+
+def test_an_answer_that_drips_is_cut_off_at_the_timeout(server):
+    """``timeout`` bounds the whole request: a service sending a byte every 0.2 s never lets one
+    read time out, yet the answer (~20 bytes, 4 s) is abandoned after about a second."""
+    reward = HTTPReward(server + "/drip", timeout=1.0, retries=0)
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"/drip failed 1 attempt\(s\).*the answer took more than 1 s"):
+        RewardFunctions([reward])(PROMPTS[:2], COMPLETIONS[:2], {})
+    assert time.monotonic() - start < 2.5
 
 
 def test_slow_endpoint_stopped_by_reward_timeout(server):
@@ -144,8 +154,8 @@ def test_a_cap_above_the_answer_reads_it(server):
 @pytest.mark.parametrize("status, follow", [(s, False) for s in (301, 302, 303, 307, 308)]
                          + [(s, True) for s in (301, 302, 303)])
 def test_a_redirect_is_refused_and_its_target_gets_nothing(server, other_server, status, follow):
-    """urllib alone would re-send the POST to the other origin as a GET with the Authorization
-    header and take that host's rewards (100.0 each). Refused by default; with follow_redirects,
+    """A client that followed it would re-send the POST to the other origin (urllib's default: as a
+    GET with the Authorization header) and take that host's rewards (100.0 each). Refused by default; with follow_redirects,
     the statuses that turn the POST into a GET stay refused (307/308: the next test)."""
     before, before_other = len(fetch_log(server)), len(fetch_log(other_server))
     reward = HTTPReward(f"{server}/redirect/{status}/{_port(other_server)}/stolen?n=3", headers=SECRET,
@@ -205,3 +215,22 @@ def test_construction_errors():
         HTTPReward("http://127.0.0.1:1/", batch_size=0)
     with pytest.raises(ValueError, match=r"max_response_bytes must be an int >= 1 \(got 0\)"):
         HTTPReward("http://127.0.0.1:1/", max_response_bytes=0)
+
+
+def test_a_body_cut_short_is_a_connection_error_retried(server):
+    """Issue 37: the connection dropped mid-answer (fewer bytes than Content-Length) was read as
+    "answered invalid JSON", not retried, and stopped the run even under reward_on_error="zero"."""
+    before = len(fetch_log(server))
+    reward = HTTPReward(server + "/short_once", retries=2, backoff=0.05)
+    scores, _ = RewardFunctions([reward])(PROMPTS[:2], COMPLETIONS[:2], {})
+    assert scores[:, 0].tolist() == [1.0, 2.0]  # the second attempt's full answer
+    assert [e["path"] for e in _new_entries(server, before)] == ["/short_once"] * 2
+
+
+def test_a_body_always_cut_short_fails_as_unavailable_then_zero(server):
+    reward = HTTPReward(server + "/short", retries=1, backoff=0.05)
+    with pytest.raises(RewardError, match=r"/short failed 2 attempt\(s\).*last: IncompleteRead.*Check that it is running"):
+        RewardFunctions([reward])(PROMPTS[:3], COMPLETIONS[:3], {})
+    with pytest.warns(UserWarning, match=r"all 3 scored 0 and counted in rewards/http/failures"):
+        scores, failures = RewardFunctions([reward, const], on_error="zero")(PROMPTS[:3], COMPLETIONS[:3], {})
+    assert scores.tolist() == [[0.0, 1.0]] * 3 and failures == {"http": 3, "const": 0}

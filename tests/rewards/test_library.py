@@ -8,7 +8,8 @@ import threading
 import pytest
 
 import lightning_rlpt
-from lightning_rlpt.rewards import code, format, length, library, math_answer, sandbox, text
+from lightning_rlpt.rewards import format, length, library, math_answer, text
+from lightning_rlpt.rewards.code import reward as code, sandbox
 from lightning_rlpt.rewards.library import (FormatReward, LengthPenalty, MathAnswerReward, completion_text,
                                            format_reward, math_answer_reward, think_format_reward)
 from lightning_rlpt.rewards import RewardError, RewardFunctions

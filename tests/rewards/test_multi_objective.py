@@ -1,7 +1,7 @@
 """``multi_objective_aggregation`` (TRL's name and values): ``normalize_then_sum`` (GDPO) normalises
 each reward function within its group, skipping None, before the weighted sum. By hand, against
 TRL's code on the same scores (with TRL's final batch normalisation, which here is the
-``grpo_batch_std`` advantage), through `collect.score` (scores stay the raw sum: what success and
+``grpo_batch_std`` advantage), through `score_experience` (scores stay the raw sum: what success and
 the logged reward read), and bad values refused."""
 import math
 
@@ -11,6 +11,7 @@ import torch
 import tiny_task as task
 from lightning_rlpt import RLModule
 from lightning_rlpt.rewards import RewardFunctions
+from lightning_rlpt.rewards import score_experience
 from lightning_rlpt.rollout import collect
 from trl_formulas import nanstd
 
@@ -86,7 +87,7 @@ def test_score_fills_gdpo_rewards_and_keeps_the_raw_sum_as_scores(warm_start_dir
                       generation=dict(max_new_tokens=4, max_prompt_length=8), seed=0)
     batch = dict(prompt=[r["prompt"] for r in arithmetic_rows[:3]], answer=[r["answer"] for r in arithmetic_rows[:3]])
     exp, _ = collect.rollout(module.engine, module.tokenizer, batch, 4, module.sampling, 1, "cpu")
-    collect.score(exp, module.rewards)
+    score_experience(exp, module.rewards)
     per_func = exp.rewards_per_func
     torch.testing.assert_close(exp.scores, torch.nansum(per_func * torch.tensor([1.0, 0.1]), dim=1))
     torch.testing.assert_close(exp.rewards, module.rewards.aggregate(per_func, 4))

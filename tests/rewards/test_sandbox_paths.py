@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lightning_rlpt.rewards.sandbox import run_program
+from lightning_rlpt.rewards.code.sandbox import run_program
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (make install puts it in)")
 

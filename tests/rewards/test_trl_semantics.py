@@ -12,7 +12,8 @@ import tiny_task as task
 from conftest import quiet_trainer
 from lightning_rlpt.rewards import RewardError, RewardFunctions, TrainerState, as_trl_completions
 from lightning_rlpt.rollout import RolloutOutput, SamplingConfig
-from lightning_rlpt.rollout.collect import rollout_metrics, score, to_experience
+from lightning_rlpt.rewards import score_experience
+from lightning_rlpt.rollout.collect import rollout_metrics, to_experience
 
 
 # ---------------------------------------------------------------- TRL's documented examples, verbatim
@@ -150,14 +151,14 @@ def test_score_passes_messages_ids_state_and_columns():
     chat = [[{"role": "user", "content": "1+2="}], [{"role": "user", "content": "3+4="}]]
     exp, ids = _experience(chat, ["3", "17"], {"answer": ["3", "7"], "index": [0, 1]})
     state = TrainerState(global_step=4, epoch=1.0, max_steps=9)
-    score(exp, RewardFunctions([records]), state)
+    score_experience(exp, RewardFunctions([records]), state)
     assert seen["completions"] == [[{"role": "assistant", "content": "3"}], [{"role": "assistant", "content": "17"}]]
     assert seen["ids"] == ids == [[6, 2], [4, 10, 2]]  # '3' '</s>' ; '1' '7' '</s>'
     assert seen["state"] is state and seen["answer"] == ["3", "7"] and seen["rest"] == {"index": [0, 1]}
     assert exp.scores.tolist() == [1.0, 2.0]
 
     exp, _ = _experience(["1+2=", "3+4="], ["3", "17"], {"answer": ["3", "7"]})
-    score(exp, RewardFunctions([lambda completions, **_: [float(c == "3") for c in completions]]))
+    score_experience(exp, RewardFunctions([lambda completions, **_: [float(c == "3") for c in completions]]))
     assert exp.scores.tolist() == [1.0, 0.0]  # string prompts: string completions
 
 

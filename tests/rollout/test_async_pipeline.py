@@ -16,7 +16,7 @@ from correction_probe import correction_in_loss
 from lightning_rlpt import PromptDataModule, PromptDataset, RLCallback, RLModule
 from lightning_rlpt.callbacks import CurriculumSampler, VLLMServerRollout
 from lightning_rlpt.data import collate_prompts
-from lightning_rlpt.rollout.vllm.pipeline import Lookahead
+from lightning_rlpt.rollout.pipeline import Lookahead
 from lightning_rlpt.rollout.vllm.server import VLLMServer
 from resume_utils import assert_same_run, read_rows, straight_and_resumed
 
@@ -62,7 +62,7 @@ def test_episodes_and_curricula_are_refused_before_any_server_is_contacted(warm_
 def test_several_trainer_processes_are_refused_before_any_server_is_contacted(warm_start_dir):
     import lightning as L
 
-    from lightning_rlpt.callbacks.vllm_server_rollout import refuse_async_with
+    from lightning_rlpt.callbacks.engine_callback import refuse_async_with
 
     ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match=r"max_staleness=1 with 2 trainer processes is not supported yet.*"

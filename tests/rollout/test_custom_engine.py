@@ -131,7 +131,8 @@ class Versions(RLCallback):
 
 
 def make_module(path, **kwargs):
-    return RLModule(path, reward_funcs=[task.exact_answer], group_size=4, kl_coef=0.0, lr=1e-3,
+    # parity_every=0: these tests count the engine's calls; the probe's own call is tested in test_parity_probe.py
+    return RLModule(path, reward_funcs=[task.exact_answer], group_size=4, kl_coef=0.0, lr=1e-3, parity_every=0,
                     generation=dict(max_new_tokens=4, temperature=1.0, max_prompt_length=8), **kwargs)
 
 

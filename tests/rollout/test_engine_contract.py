@@ -85,7 +85,8 @@ class Installs(EngineCallback):
 
 
 def make_module(path):
-    return RLModule(path, reward_funcs=[task.exact_answer], group_size=2, kl_coef=0.0, lr=1e-3,
+    # parity_every=0: these tests count the engine's calls; the probe's own call is tested in test_parity_probe.py
+    return RLModule(path, reward_funcs=[task.exact_answer], group_size=2, kl_coef=0.0, lr=1e-3, parity_every=0,
                     generation=dict(max_new_tokens=4, temperature=1.0, max_prompt_length=8))
 
 
@@ -172,6 +173,19 @@ def test_running_ahead_needs_an_engine_that_declares_can_run_ahead(warm_start_di
     callback = Installs(lambda m: built.append(make(m)) or built[-1], max_staleness=1)
     with pytest.raises(ValueError, match=r"max_staleness=1 needs an engine that can generate on another worker .* "
                                          r"Counting does not declare can_run_ahead .* Use max_staleness=0 with it"):
+        fit(module, arithmetic_rows, callback=callback)
+    (engine,) = built
+    assert engine.generated == 0 and engine.closed and module.rollout_engine is None
+
+
+def test_running_ahead_of_an_engine_that_syncs_every_few_steps_is_refused_at_install(warm_start_dir,
+                                                                                     arithmetic_rows):
+    """A user's callback does not know its engine's ``sync_every`` before it builds it: the one
+    staleness check runs at install, with the engine's value, and closes the engine."""
+    module, built = make_module(warm_start_dir), []
+    make = hf(Counting, can_run_ahead=True, sync_every=2)
+    callback = Installs(lambda m: built.append(make(m)) or built[-1], max_staleness=1)
+    with pytest.raises(ValueError, match=r"max_staleness=1 with sync_every=2: both make rollouts stale"):
         fit(module, arithmetic_rows, callback=callback)
     (engine,) = built
     assert engine.generated == 0 and engine.closed and module.rollout_engine is None

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from lightning_rlpt.rollout.vllm.client import ServerFailure, ServerPool
+from lightning_rlpt.rollout.server_pool import ServerFailure, ServerPool
 from lightning_rlpt.rollout.vllm.reach import UnreachableServer, check_reachable
 
 
@@ -65,3 +65,43 @@ def test_a_connection_that_never_opens_fails_after_the_connect_timeout():
     assert time.monotonic() - started < 10
     for s in fillers + [listener]:
         s.close()
+
+
+TWO_RANKS = """
+import os, sys, torch.distributed as dist, torch.multiprocessing as mp
+from lightning_rlpt.rollout.vllm.reach import check_reachable
+from lightning_rlpt.rollout.vllm.transport import SnapshotTransport
+
+def rank(r, port, parents):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=r, world_size=2)
+    transport = SnapshotTransport.under(parents[r])
+    try:
+        check_reachable([], local_problem=transport.problem)
+        print(f"rank {r} passed", flush=True)
+    except ValueError as err:
+        print(f"rank {r} refused: {err}", flush=True)
+    transport.close()
+
+mp.start_processes(rank, args=(int(sys.argv[1]), sys.argv[2:]), nprocs=2, start_method="fork")
+"""
+
+
+def test_a_snapshot_directory_one_rank_cannot_write_is_refused_on_every_rank(tmp_path):
+    """Rank 1's host cannot write the directory: both ranks refuse at start, naming rank 1's host
+    and the directory (rank 1 alone failing would leave rank 0 waiting in a collective)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    unwritable = tmp_path / "a_file" / "weights"  # under a file: no one can write it, root included
+    (tmp_path / "a_file").write_text("")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", TWO_RANKS, str(closed_port()), str(tmp_path / "ok"), str(unwritable)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in (0, 1):
+        assert f"rank {r} refused: rank 1 (host {socket.gethostname()}): cannot write the weight snapshot directory " \
+               f"{unwritable} on host" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert [p.name for p in (tmp_path / "ok").iterdir()] == []  # rank 0's folder removed by close

@@ -19,7 +19,7 @@ from lightning_rlpt.callbacks import VLLMServerRollout
 from lightning_rlpt.model.logprobs import position_ids_for
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.collect import rollout
-from lightning_rlpt.rollout.vllm.client import ServerFailure
+from lightning_rlpt.rollout.server_pool import ServerFailure
 from lightning_rlpt.rollout.vllm.lora_transport import AdapterTransport
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
@@ -212,9 +212,9 @@ def test_a_server_with_another_architecture_is_refused(tmp_path, warm_start_dir,
         with pytest.raises(ValueError, match=f"{qwen.url} serves a model with 3 decoder layers, the policy has 2"):
             quiet_trainer(max_steps=1, callbacks=[VLLMServerRollout(urls=[qwen.url])]).fit(two_layers, datamodule=data)
         # Same depth and vocabulary, and Qwen2 accepts Llama's weight names, but its q/k/v biases (not in
-        # the policy) stay: the parity probe after the first sync refuses it before any training.
+        # the policy) stay: the module's parity probe, measuring each server, refuses it before any training.
         llama = make_module(str(tmp_path / "llama3"))
-        with pytest.raises(ValueError, match=f"{qwen.url} .* does not compute the policy's distribution"):
+        with pytest.raises(RuntimeError, match=f"server {qwen.url}\\) does not sample from the policy .* step 0"):
             quiet_trainer(max_steps=1, callbacks=[VLLMServerRollout(urls=[qwen.url])]).fit(llama, datamodule=data)
         assert two_layers.policy_version == llama.policy_version == 0
     assert not qwen.alive()

@@ -22,12 +22,14 @@ from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule, SamplingConfig
 from lightning_rlpt.callbacks import VLLMServerRollout
 from lightning_rlpt.model.weights import policy_weights
+from lightning_rlpt.rollout.parity import ParityProbe
+from lightning_rlpt.rollout.server_pool import ServerFailure
 from lightning_rlpt.rollout.vllm import guard
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
 from lightning_rlpt.rollout.vllm.transport import SnapshotTransport
 
-CLIENT = "lightning_rlpt.rollout.vllm.client"
+CLIENT = "lightning_rlpt.rollout.server_pool"
 GREEDY = SamplingConfig(max_new_tokens=4, temperature=0.0, max_prompt_length=8)
 SERVE = dict(max_model_len=64, kv_cache_memory_bytes=64 << 20, startup_timeout=240)
 PYTHON = sys.executable
@@ -236,7 +238,9 @@ def test_a_hung_server_is_dropped_then_rejoins_and_its_abandoned_reload_finds_it
     engine = RemoteVLLMEngine([a.url, b.url], eos_token_id=task.EOS_ID, transport=SnapshotTransport(str(folder)),
                               control_timeout=8, warn_after=1)
     probed = []
-    engine.probe = lambda url: probed.append((url, engine.check_parity(module.policy, [1, 4, 5, 13], urls=[url])))
+    module.parity = ParityProbe(threshold=1e-3)
+    module.parity.prompt = [1, 4, 5, 13]
+    engine.probe = lambda url: probed.append((url, module.probe_rejoined(engine._one_server(url))))
     engine.load_weights(policy_weights(module.policy), 0)
     post = engine.pool.post
 
@@ -291,6 +295,29 @@ def test_a_smaller_embedding_table_is_refused_with_both_sizes(servers):
                                          "has 17: its weights cannot be loaded"):
         engine.check_model(policy, tokenizer, 64)
     engine.check_model(task.build_model(vocab_size=15), tokenizer, 64)  # the same size passes
+
+
+@pytest.mark.slow
+def test_a_server_a_stopped_run_left_mid_sync_is_not_sampled_before_the_first_sync(
+        servers, warm_start_dir, arithmetic_rows, tmp_path, caplog):
+    """A trainer stopped between the snapshot-directory probe (a reload that fails, leaving part of
+    the weights reset) and its first sync leaves the server at version 'checking-snapshot-dir'.
+    The next run's vocabulary probe used to sample a token there: vLLM's worker died on the reset
+    tensors (meta tensors), and the server with it. Now that probe is skipped with a warning, the
+    first sync reloads every weight, and the run samples."""
+    a = servers[0]
+    engine = RemoteVLLMEngine([a.url], eos_token_id=task.EOS_ID)
+    empty = tmp_path / "probe-visible"
+    empty.mkdir()
+    engine.pool.post(a.url, "/update_weight_version", {"new_version": "checking-snapshot-dir"})
+    with pytest.raises(ServerFailure, match="Cannot find any model weights"):  # the probe of a run then killed
+        engine.pool.post(a.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(empty)}})
+    caplog.set_level(logging.WARNING, logger="lightning_rlpt.rollout.vllm.remote_engine")
+    module = make_module(warm_start_dir)
+    quiet_trainer(max_steps=1, callbacks=[VLLMServerRollout(urls=[a.url], control_timeout=60)]).fit(
+        module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
+    assert module.policy_version == 1
+    assert f"vLLM server {a.url} holds weight version 'checking-snapshot-dir'" in caplog.text
 
 
 @pytest.mark.slow

@@ -51,6 +51,7 @@ from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 import tiny_task as task  # noqa: E402
 from layer_forwards import count_grad_forwards  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
+from lightning_rlpt.model.distributed import release_process_group  # noqa: E402
 from lightning_rlpt.callbacks import CurriculumSampler, RewardDithering  # noqa: E402
 
 RECORD: dict[str, list] = {"rollouts": [], "noise": [], "server": [], "episodes": []}
@@ -88,7 +89,8 @@ class ServedWeights(RLCallback):
         engine.check_versions()
         worst = None
         if trainer.global_rank == 0:
-            worst = engine.check_parity(module.policy, module.tokenizer("12+34=")["input_ids"])
+            worst = module.parity.measure(engine, module.tokenizer("12+34=")["input_ids"], module._probe_logprobs,
+                                          module.policy_version)
         with open(os.path.join(self.out, f"served_rank{trainer.global_rank}.json"), "w") as f:
             json.dump({"version": module.policy_version, "servers": len(engine.pool.live), "parity": worst}, f)
 
@@ -235,3 +237,4 @@ def save_reward_model_facts(trainer, module, out: str) -> None:
 
 if __name__ == "__main__":
     main()
+    release_process_group()  # before finalization, where gloo can abort an exit that succeeded

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 import tiny_task as task  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
+from lightning_rlpt.model.distributed import release_process_group  # noqa: E402
 
 PROMPTS = 4  # per step, over all ranks
 LR = 0.5  # plain SGD: the update is the gradient itself (Adam's would hide a wrongly scaled one)
@@ -74,3 +75,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    release_process_group()  # before finalization, where gloo can abort an exit that succeeded

@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import tiny_task as task  # noqa: E402
 from lightning_rlpt import PromptDataModule, RLCallback, RLModule  # noqa: E402
+from lightning_rlpt.model.distributed import release_process_group  # noqa: E402
 
 
 class CompletionRecorder(RLCallback):
@@ -63,3 +64,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    release_process_group()  # before finalization, where gloo can abort an exit that succeeded

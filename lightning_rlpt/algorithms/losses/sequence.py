@@ -43,7 +43,9 @@ def gspo_loss(
     than PPO's token ranges, so the ``grpo`` preset's 0.2 would leave GSPO unclipped.
 
     Stats: ``clip_ratio/{low,high,region}`` (as `ppo_clip_loss`, decided per sequence) and
-    ``gspo/seq_ratio`` (``s_i`` on each token).
+    ``gspo/seq_ratio`` (``s_i``): with one advantage per sequence each is ``[N]``, one value per
+    sequence, so its metric is the mean over sequences (TRL's, at ``importance_sampling_level=
+    "sequence"``); with token advantages ``[N, C]``, a token mean.
     """
     mask = mask.to(logprobs.dtype)
     lengths = mask.sum(-1, keepdim=True).clamp(min=1)
@@ -52,7 +54,11 @@ def gspo_loss(
     token_log = seq_log + logprobs - logprobs.detach()
     loss, stats = ppo_clip_loss(token_log, torch.zeros_like(token_log), advantages, mask,
                                 clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip)
-    stats["gspo/seq_ratio"] = seq_log.exp().expand_as(logprobs)
+    if advantages.dim() == 1:  # the clip decision is the row's: one value per sequence, logged as their mean (TRL's)
+        stats = {k: v[:, 0] for k, v in stats.items()}
+        stats["gspo/seq_ratio"] = seq_log.exp()[:, 0]
+    else:
+        stats["gspo/seq_ratio"] = seq_log.exp().expand_as(logprobs)
     return loss, stats
 
 

@@ -35,7 +35,7 @@ class Agent:
         rollout_func: ``(prompts, engine, tokenizer, sampling, seeds) -> list[Episode]``, the
             escape hatch for anything the loop cannot express (replaces the loop).
 
-    Example:
+    Examples:
         >>> Agent().active
         False
     """

@@ -25,7 +25,7 @@ class Environment(Protocol):
     None for none; ``reward`` a number added to the episode's ``env_reward``, or None for none;
     ``done`` a bool, True to end the episode.
 
-    Example:
+    Examples:
         >>> class Guess:
         ...     def reset(self, row): self.target = row["target"]; return "Guess a number."
         ...     def step(self, text):
@@ -50,7 +50,7 @@ def make_environment(factory: EnvironmentFactory) -> Environment:
     Args:
         factory: what ``RLModule(environment=...)`` got.
 
-    Example:
+    Examples:
         >>> class Echo:
         ...     def reset(self, row): return ""
         ...     def step(self, text): return None, 0.0, True
@@ -73,7 +73,7 @@ def make_environment(factory: EnvironmentFactory) -> Environment:
 def check_reset(env: Any, result: Any) -> str:
     """``result`` of ``env.reset(row)`` if it is a ``str``, else `TypeError` naming the method.
 
-    Example:
+    Examples:
         >>> class Bad:
         ...     pass
         >>> check_reset(Bad(), ["hi"])
@@ -94,7 +94,7 @@ def check_step(env: Any, result: Any) -> tuple[str | None, float | None, bool]:
     except bool (numpy scalars included), finite, or None; done ``bool`` (numpy's too). A
     Gymnasium-style 5-tuple is refused with a hint, rather than guessed.
 
-    Example:
+    Examples:
         >>> class Env:
         ...     pass
         >>> check_step(Env(), ("ok", 1, False))
@@ -128,7 +128,7 @@ class EnvironmentReward:
     Args:
         column: the column to read.
 
-    Example:
+    Examples:
         >>> EnvironmentReward()(["q", "q"], ["a", "b"], env_reward=[1.0, 0.5])
         [1.0, 0.5]
     """

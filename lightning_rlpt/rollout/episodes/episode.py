@@ -28,7 +28,7 @@ class Episode:
         env_reward: the sum of the environment's step rewards (None without an environment or
             when it never returned one).
 
-    Example:
+    Examples:
         >>> ep = Episode([5, 6, 7], [1, 0, 1])
         >>> ep.model_tokens, ep.model_token_fraction
         (2, 0.6666666666666666)
@@ -70,7 +70,7 @@ def episode_metrics(turns: list[int], calls: list[int], failures: list[int], mod
     ``max_chars`` per call (0 without calls); ``turns/mean`` / ``turns/max``: model turns per episode;
     ``completions/model_token_fraction``: model tokens over all completion tokens of the batch.
 
-    Example:
+    Examples:
         >>> episode_metrics([1, 3], [0, 2], [0, 1], [4, 6], [4, 16])["tools/failure_frequency"]
         0.5
     """

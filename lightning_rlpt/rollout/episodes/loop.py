@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+from ...seeding import keyed_seed
 from ..engine import RolloutEngine, runs_of_equal
 from ..sampling import SamplingConfig
 from .episode import Episode
@@ -21,8 +22,8 @@ from .template import render_suffix
 def turn_seed(seed: int, turn: int) -> int:
     """The seed of a row's ``turn``: turn 0 keeps the row's seed (a one-turn episode samples what
     a plain rollout does); later turns mix in the turn, so rows sharing a seed keep sharing it and
-    a run is a function of its seeds alone (resume and HF/vLLM agreement rest on this)."""
-    return seed if turn == 0 else (seed * 1_000_003 + 15_485_863 * turn) % 2**62
+    a run is a function of its seeds alone (`seeding`) (resume and HF/vLLM agreement rest on this)."""
+    return seed if turn == 0 else keyed_seed("turn", seed, turn)
 
 
 def run_episodes(engine: RolloutEngine, tokenizer: Any, prompt_ids: list[list[int]], prompts: Sequence[Any],
@@ -53,7 +54,7 @@ def run_episodes(engine: RolloutEngine, tokenizer: Any, prompt_ids: list[list[in
             parses Hermes ``<tool_call>`` JSON.
         max_context: prompt + episode tokens at most (None: unbounded).
 
-    Example:
+    Examples:
         >>> episodes = run_episodes(engine, tok, ids, prompts, sampling, 0, tools=box, max_turns=4)  # doctest: +SKIP
     """
     n = len(prompt_ids)

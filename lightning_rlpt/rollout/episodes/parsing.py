@@ -73,7 +73,7 @@ class HermesToolParser:
         start: the opening tag.
         end: the closing tag.
 
-    Example:
+    Examples:
         >>> turn = HermesToolParser().parse('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
         >>> turn.calls, turn.errors
         ([ToolCall(name='add', arguments={'a': 1})], [])
@@ -132,7 +132,7 @@ def loads(text: str) -> tuple[Any, str | None]:
     ``json.loads``: whether the recursion limit is reached depends on ``sys.getrecursionlimit()``,
     which libraries raise, so the answer would depend on what else the process imported.
 
-    Example:
+    Examples:
         >>> loads('{"a": 1}'), loads("[" * 100_000)[1], loads("[" * 103 + "]" * 103)[1]
         (({'a': 1}, None), 'is nested too deeply to read (nest at most 100 levels)', 'is nested too deeply to read (nest at most 100 levels)')
     """
@@ -153,7 +153,7 @@ def loads(text: str) -> tuple[Any, str | None]:
 def nesting_depth(text: str) -> int:
     """The deepest nesting of ``[`` / ``{`` in JSON ``text``, brackets inside strings not counted.
 
-    Example:
+    Examples:
         >>> nesting_depth('{"a": [[1], "]]]["], "b": {}}')
         3
     """
@@ -179,7 +179,7 @@ def as_parser(parser: ParserLike | None) -> ToolParser:
     Args:
         parser: None, an object with ``parse(text)``, or a callable.
 
-    Example:
+    Examples:
         >>> as_parser(None).__class__.__name__
         'HermesToolParser'
         >>> as_parser(lambda text: ParsedTurn()).parse("hi")

@@ -29,7 +29,7 @@ def check_tools_template(tokenizer: Any, schemas: Sequence[dict[str, Any]]) -> N
         tokenizer: a Hugging Face tokenizer with a chat template.
         schemas: the tools' JSON schemas (`ToolBox.schemas`).
 
-    Example:
+    Examples:
         >>> import sys; sys.path.insert(0, "tests")
         >>> from episodes_fixtures import build_chat_tokenizer
         >>> check_tools_template(build_chat_tokenizer(tools=True), [{"type": "function", "function": {
@@ -85,7 +85,7 @@ def render_suffix(tokenizer: Any, messages: Sequence[dict[str, Any]], new_messag
         ValueError: the template closes the last assistant turn differently from one that more
             messages follow, or drops the assistant's content.
 
-    Example:
+    Examples:
         >>> import sys; sys.path.insert(0, "tests")
         >>> from episodes_fixtures import build_chat_tokenizer
         >>> tok = build_chat_tokenizer()

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Sequence, Union
 
 from transformers.utils import get_json_schema
 
-from lightning_rlpt.rewards.calling import in_background
+from lightning_rlpt.background import in_background
 from lightning_rlpt.rollout.episodes.parsing import MAX_DEPTH, ToolCall
 
 DEFAULT_MAX_CHARS = 10_000  # characters of a tool result the model reads (~2,500 tokens)
@@ -70,7 +70,7 @@ class Tool:
         fn: the function.
         schema: its schema, ``{"type": "function", "function": {"name", "description", "parameters"}}``.
 
-    Example:
+    Examples:
         >>> def double(x: int) -> int:
         ...     '''Twice x.
         ...
@@ -126,7 +126,7 @@ class ToolBox:
             tokens); a longer one keeps its first and last ``max_chars / 2`` characters around a
             note saying how many were cut (`truncate`). None: no cap.
 
-    Example:
+    Examples:
         >>> def add(a: int, b: int) -> int:
         ...     '''Add two integers.
         ...
@@ -200,7 +200,7 @@ def truncate(text: str, max_chars: int | None) -> tuple[str, bool]:
     """``(text, False)`` when it fits in ``max_chars``; else its first and last halves of
     ``max_chars`` around a note the model reads, and True.
 
-    Example:
+    Examples:
         >>> truncate("0123456789", 4)
         ('01\\n[... 6 characters of the tool result cut here: it is kept to its first 2 and last 2 ...]\\n89', True)
     """
@@ -217,7 +217,7 @@ def to_content(name: str, value: Any) -> ToolResult:
     """A tool's return value as message text: str as is, other JSON values via ``json.dumps``,
     anything else a failure (see the module docstring).
 
-    Example:
+    Examples:
         >>> to_content("f", [1, 2]), to_content("f", {1, 2}).failed
         (ToolResult(content='[1, 2]', failed=False, truncated=False), True)
     """
@@ -237,7 +237,7 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
     reach the recursion limit here or in the tool) and JSON types (``"2"`` for an integer is
     wrong: no coercion, so the model learns to write the type the schema says).
 
-    Example:
+    Examples:
         >>> params = {"properties": {"x": {"type": "integer"}}, "required": ["x"]}
         >>> check_arguments({}, params), check_arguments({"x": 1.5}, params)
         ("missing argument 'x'", "argument 'x' must be integer, got number 1.5")
@@ -262,7 +262,7 @@ def check_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> st
 def value_depth(value: Any) -> int:
     """Levels of lists/dicts in ``value``, counted without recursion (so any depth is safe).
 
-    Example:
+    Examples:
         >>> value_depth(3), value_depth([1, {"a": [2]}])
         (0, 3)
     """

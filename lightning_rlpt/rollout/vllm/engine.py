@@ -24,7 +24,7 @@ Sampling is reproducible: request ``i`` of a call seeded ``seed`` draws with its
 stream fixes every completion. ``SamplingConfig.max_batch_rows`` is the HF engine's: vLLM
 schedules its own batches.
 
-Example:
+Examples:
     >>> engine = VLLMEngine.from_module(module, max_model_len=64)  # doctest: +SKIP
     >>> out = engine.generate([[1, 4, 5]], module.sampling, seed=0)  # doctest: +SKIP
     >>> engine.close()  # doctest: +SKIP
@@ -45,12 +45,14 @@ import torch
 from torch import nn
 
 from ...model.weights import policy_weights
+from ...quiet import quiet_engine_reload
 from ..context import context_length, model_config
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..generation_kwargs import check_vllm_kwargs
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
-from .checks import check_head_dim, check_tensor_parallel, head_dim, import_vllm
+from .checks import (check_head_dim, check_native_architecture, check_tensor_parallel, head_dim, import_vllm,
+                     serves_lm_head, without_unserved_head)
 
 LOGPROBS_MODE = "processed_logprobs"
 OVERRIDES = ("temperature", "top_p", "top_k", "max_tokens", "stop")
@@ -126,7 +128,7 @@ class VLLMEngine(RolloutEngine):
     ``policy_version`` is the optimizer step whose weights vLLM holds; ``where`` (set by
     `VLLMRollout`) names the trainer step in error messages.
 
-    Example:
+    Examples:
         >>> engine = VLLMEngine("ckpt_dir", eos_token_id=2, max_model_len=64)  # doctest: +SKIP
         >>> engine.generate([[1, 4, 5, 13]], SamplingConfig(max_new_tokens=4), seed=0).completion_ids  # doctest: +SKIP
         [[7, 9, 2]]
@@ -149,6 +151,8 @@ class VLLMEngine(RolloutEngine):
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
+        quiet_engine_reload()
+
         self.eos_token_id, self.max_model_len, self.sync_every = eos_token_id, max_model_len, sync_every
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         self.can_sleep = bool(sleep_between_phases) and current_platform.is_sleep_mode_available()
@@ -168,6 +172,7 @@ class VLLMEngine(RolloutEngine):
         self._trainer_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         with preserved_global_rng():
             self.llm = vllm.LLM(**kwargs)
+        self.served_head = serves_lm_head(inspection(self.llm))
 
     @classmethod
     def from_module(cls, module: Any, *, max_model_len: int | None = None, dtype: Any = None,
@@ -183,6 +188,7 @@ class VLLMEngine(RolloutEngine):
         config = model_config(module.policy)
         on_gpu = torch.cuda.is_available()
         check_head_dim(config, on_gpu)
+        check_native_architecture(config, "VLLMRollout")
         check_tensor_parallel(tensor_parallel_size, on_gpu)
         length = context_length(module, max_model_len, (overrides or {}).get("max_tokens"), config)
         dtype = vllm_dtype(dtype, module.policy)
@@ -272,6 +278,7 @@ class VLLMEngine(RolloutEngine):
         # In-process the iterator is consumed lazily (one merged tensor at a time); a spawned
         # engine process needs a picklable list.
         in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        weights = without_unserved_head(weights, self.served_head)
         weights = weights if in_process else list(weights)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
@@ -310,6 +317,14 @@ class VLLMEngine(RolloutEngine):
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+
+
+def inspection(llm: Any) -> str | None:
+    """vLLM's text view of its model (`checks.serves_lm_head`), None where it has none."""
+    try:
+        return llm.collective_rpc("get_model_inspection")[0]
+    except Exception:  # noqa: BLE001 - an older vLLM without the inspection
+        return None
 
 
 @contextmanager

@@ -32,7 +32,7 @@ What stays merged (`lora_sync_mode`, ``"auto"``): QLoRA (the adapter was trained
 full-precision base would give another distribution), DoRA, LoRA biases and ``modules_to_save``
 (vLLM's adapter loader refuses them), and ranks above 512 (vLLM's largest ``--max-lora-rank``).
 
-Example:
+Examples:
     >>> transport = AdapterTransport("/tmp/run/adapters", module.policy)  # doctest: +SKIP
     >>> transport.send(pool, [], tie_word_embeddings=False, version=3)  # doctest: +SKIP
     69632
@@ -49,6 +49,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ..server_pool import ServerFailure, ServerPool
+from .run_folder import owned_folder, release
 from .transport import tensor_bytes
 
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's allowed --max-lora-rank values
@@ -155,8 +156,8 @@ class AdapterTransport:
     """Send the policy's LoRA adapter to every live server and serve it (module docstring).
 
     Args:
-        directory: where adapters are written (must be readable by the servers; None: a
-            temporary directory, made at the first send).
+        directory: where adapters are written (must be readable by the servers; None: a folder of
+            the run's own in the temporary directory, made at the first send, `rollout.vllm.run_folder`).
         policy: the peft LoRA policy whose active adapter is sent.
         dtype: the dtype written (None keeps the adapter's; vLLM casts to its own dtype).
         prefix: adapter names are ``<prefix>-v<step>``.
@@ -178,7 +179,7 @@ class AdapterTransport:
              tie_word_embeddings: bool = False, version: int = 0) -> int:
         """Write the adapter, load it on every live server; ``pool.model`` names it. Returns
         the adapter's tensor bytes. ``weights`` (merged tensors) is not iterated, so not computed."""
-        self.directory = self.directory or tempfile.mkdtemp(prefix="rlpt-adapters-")
+        self.directory = self.directory or owned_folder(tempfile.gettempdir(), "rlpt-adapters-", "adapter directory")
         name, path = f"{self.prefix}-v{version}", os.path.join(self.directory, f"{self.sends}")
         shutil.rmtree(path, ignore_errors=True)
         sent = write_adapter(path, self.policy, self.dtype)
@@ -235,4 +236,4 @@ class AdapterTransport:
 
     def close(self) -> None:
         if self.directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            release(self.directory)

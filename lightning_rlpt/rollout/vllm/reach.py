@@ -8,15 +8,16 @@ that rank alone while the others wait for it in a collective until the process-g
 every rank's view, and raises on every rank one error naming each unreachable URL and the ranks
 (with their hosts) that cannot reach it.
 
-Example:
+Examples:
     >>> check_reachable(["http://10.0.0.7:8000"], timeout=10)  # doctest: +SKIP
 """
 from __future__ import annotations
 
 import socket
 
-import requests
 import torch.distributed as dist
+
+from ...http_client import HTTPFailure, exchange
 
 from ..ranks import world
 
@@ -30,35 +31,41 @@ def probe(urls: list[str], timeout: float) -> dict[str, str]:
     failed = {}
     for url in urls:
         try:
-            status = requests.get(url.rstrip("/") + "/health", timeout=timeout).status_code
+            status = exchange("GET", url.rstrip("/") + "/health", timeout=timeout, connect_timeout=timeout).status
             if status != 200:
                 failed[url] = f"/health answered HTTP {status}"
-        except requests.RequestException as err:
-            failed[url] = f"{type(err).__name__}: {err}"
+        except HTTPFailure as err:
+            failed[url] = str(err)
     return failed
 
 
-def check_reachable(urls: list[str], timeout: float = 10.0) -> None:
-    """Raise `UnreachableServer` on every rank when any rank cannot reach any of ``urls``.
+def check_reachable(urls: list[str], timeout: float = 10.0, local_problem: str | None = None) -> None:
+    """Raise `UnreachableServer` on every rank when any rank cannot reach any of ``urls``, and
+    ``ValueError`` on every rank when any rank has a ``local_problem`` (e.g. a snapshot directory
+    its host cannot write, `SnapshotTransport.problem`).
 
     Args:
         urls: the servers' base URLs (``http://host:port``), the same list on every rank.
         timeout: seconds each probe may take (connect and answer).
+        local_problem: what this rank cannot do, gathered with the probes.
     """
     rank, size = world()
-    mine = (socket.gethostname(), probe(urls, timeout))
+    mine = (socket.gethostname(), probe(urls, timeout), local_problem)
     views: list = [mine]
     if size > 1:
         views = [None] * size
         dist.all_gather_object(views, mine)  # every rank learns every rank's view: all raise alike
     problems = []
     for url in urls:
-        cut = [(r, host, failed[url]) for r, (host, failed) in enumerate(views) if url in failed]
+        cut = [(r, host, failed[url]) for r, (host, failed, _) in enumerate(views) if url in failed]
         if cut:
             who = "; ".join(f"rank {r} (host {host}): {reason}" for r, host, reason in cut)
-            reach = [r for r, (_, failed) in enumerate(views) if url not in failed]
+            reach = [r for r, (_, failed, _) in enumerate(views) if url not in failed]
             problems.append(f"vLLM server {url} cannot be reached from trainer {who}"
                             + (f" (ranks {reach} reach it)" if reach else ""))
+    local = [f"rank {r} (host {host}): {problem}" for r, (host, _, problem) in enumerate(views) if problem]
+    if local:
+        raise ValueError("; ".join(local))
     if problems:
         raise UnreachableServer(
             "; ".join(problems) + ". Every trainer rank samples from every server: make each server's address "

@@ -21,10 +21,10 @@ decoder layers (from the served parameter names), and the context (``max_model_l
 Lost and returning servers: a server that cannot be reached during a sync is dropped and the sync
 goes on with the others (it keeps an older or ``updating-<v>`` version, so it can never serve
 mixed weights); before each sync dropped servers are probed, and those that answer get the full
-sync, then a version check and the parity probe (``probe``, set by the callback) before they
-sample again; one that fails them is dropped again, with a warning.
+sync, then a version check and the module's sampling-parity probe (``probe``, set by the callback;
+`rollout.parity`) before they sample again; one that fails them is dropped again, with a warning.
 
-Example:
+Examples:
     >>> engine = RemoteVLLMEngine(["http://127.0.0.1:8000"], eos_token_id=2)  # doctest: +SKIP
     >>> engine.check_model(module.policy, module.tokenizer, needed_len=64)  # doctest: +SKIP
     >>> engine.load_weights(policy_weights(module.policy), 0)  # doctest: +SKIP
@@ -32,6 +32,7 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 import time
@@ -39,6 +40,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ...http_client import HTTPFailure
 from ..context import model_config
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
 from ..generation_kwargs import check_server_kwargs
@@ -46,9 +48,12 @@ from ..ranks import lead_then_share
 from ..row_sampling import request_seeds
 from ..sampling import SamplingConfig
 from ..server_pool import ServerFailure, ServerPool
+from .checks import serves_lm_head, without_unserved_head
 from .engine import OVERRIDES
 from .server import VLLMServer
 from .transport import SnapshotTransport
+
+log = logging.getLogger(__name__)
 
 
 class RemoteVLLMEngine(RolloutEngine):
@@ -85,10 +90,11 @@ class RemoteVLLMEngine(RolloutEngine):
         self.pool.model = self._served_model()
         self.eos_token_id, self.sync_every, self.tie_word_embeddings = eos_token_id, sync_every, tie_word_embeddings
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-        self.transport = transport or SnapshotTransport(tempfile.mkdtemp(prefix="rlpt-weights-"))
+        self.transport = transport or SnapshotTransport.under(tempfile.gettempdir())
         self.policy_version, self.phase, self.syncs = 0, "training", 0
         self.max_model_len: int | None = None  # the servers' smallest context, once `check_model` read it
         self.last_sync: dict[str, float] = {}
+        self.served_head = True  # the served model has an lm_head module (`check_model` reads it)
         self.probe: Any = None  # probe(url) raises when a server does not compute the policy's distribution
 
     @property
@@ -126,10 +132,13 @@ class RemoteVLLMEngine(RolloutEngine):
                 raise ValueError(f"vLLM server {url} serves {info['id']!r} with an embedding table of {served_rows} "
                                  f"rows, the policy's has {rows}: its weights cannot be loaded there. Start it from "
                                  "the policy's checkpoint (or launch=dict(...))")
+            if self._torn(url):  # no forward pass may run on it before the first sync reloads the weights
+                continue
             if not (self._accepts(url, vocab - 1) and not self._accepts(url, vocab)):
                 raise ValueError(f"vLLM server {url} serves {info['id']!r}, whose vocabulary is not the policy's "
                                  f"{vocab} tokens (token id {vocab - 1} must be in it and {vocab} out): it runs a "
                                  "different model. Start it from the policy's checkpoint (or launch=dict(...))")
+            self.served_head = self.served_head and serves_lm_head(self._inspection(url))
             layers = self._served_layers(url)
             if layers != int(config.num_hidden_layers):
                 raise ValueError(f"vLLM server {url} serves a model with {layers} decoder layers, the policy has "
@@ -137,22 +146,43 @@ class RemoteVLLMEngine(RolloutEngine):
                                  "checkpoint (or launch=dict(...))")
         self.max_model_len = min(lengths)  # episodes stop (flagged) before a context the servers would refuse
 
-    def _accepts(self, url: str, token_id: int) -> bool:
-        import requests
+    def _torn(self, url: str) -> bool:
+        """Whether ``url`` holds weights an interrupted sync left partly reset: a trainer stopped
+        after `SnapshotTransport.check_visible`'s failed probe reload (version
+        ``checking-snapshot-dir``) or inside a reload (``updating-<step>``). A completion there
+        runs on reset tensors and kills vLLM's engine (and the server with it), so the vocabulary
+        probe is skipped for it; the first sync loads whole weights before anything samples."""
+        held = str(self.pool.get(url, "/weight_info").get("weight_version"))
+        if held == "checking-snapshot-dir" or held.startswith("updating-"):
+            log.warning("vLLM server %s holds weight version %r: a run stopped in the middle of a weight sync, so "
+                        "its weights may be partly reset. Not probing its vocabulary; the first sync reloads them "
+                        "all before it samples", url, held)
+            return True
+        return False
 
+    def _accepts(self, url: str, token_id: int) -> bool:
         body = {"model": self.pool.model, "prompt": [token_id], "max_tokens": 1}
-        resp = requests.post(url + "/v1/completions", json=body, timeout=self.pool.control_timeout)
-        if resp.status_code == 400 and "vocabulary" in resp.text:
+        try:
+            answer = self.pool.request("POST", url, "/v1/completions", body, self.pool.control_timeout)
+        except HTTPFailure as err:
+            raise ServerFailure(f"vLLM server {url} did not answer a vocabulary probe: {err}") from err
+        if answer.status == 400 and "vocabulary" in answer.text:
             return False
-        if resp.status_code != 200:
-            raise ServerFailure(f"vLLM server {url} answered {resp.status_code} to a vocabulary probe: {resp.text[:300]}")
+        if answer.status != 200:
+            raise ServerFailure(f"vLLM server {url} answered {answer.status} to a vocabulary probe: {answer.text[:300]}")
         return True
+
+    def _inspection(self, url: str) -> str | None:
+        """vLLM's text view of the served model, None when unreadable."""
+        try:
+            return self.pool.post(url, "/collective_rpc", {"method": "get_model_inspection"})["results"][0]
+        except (ServerFailure, KeyError, IndexError, TypeError):
+            return None
 
     def _served_rows(self, url: str) -> int | None:
         """Rows of the served input embedding (vLLM's model inspection), None when unreadable."""
-        try:
-            text = self.pool.post(url, "/collective_rpc", {"method": "get_model_inspection"})["results"][0]
-        except (ServerFailure, KeyError, IndexError, TypeError):
+        text = self._inspection(url)
+        if text is None:
             return None
         found = re.search(r"num_embeddings=(\d+)", str(text))  # VocabParallelEmbedding's unpadded row count
         return int(found.group(1)) if found else None
@@ -163,35 +193,9 @@ class RemoteVLLMEngine(RolloutEngine):
         found = {int(m.group(1)) for n in names for m in [re.search(r"\.(?:layers|h)\.(\d+)\.", n)] if m}
         return max(found) + 1 if found else 0
 
-    @torch.no_grad()
-    def check_parity(self, policy: torch.nn.Module, prompt: list[int], atol: float = 1e-3, tokens: int = 4,
-                     urls: list[str] | None = None) -> float:
-        """After a sync, every live server's greedy tokens for ``prompt`` must be the policy's
-        argmax and their log-probs within ``atol`` of the policy's: the served model computes
-        what the policy computes (catches another architecture that accepted the weights, or a
-        head the reload left stale). ``urls``: only these servers (default: every live one).
-        Returns the largest |Δ log p|.
-        """
-        greedy = SamplingConfig(max_new_tokens=tokens, temperature=0.0)
-        worst = 0.0
-        for url in self.pool.live if urls is None else urls:
-            out = RemoteVLLMEngine._one_server(self, url).generate([prompt], greedy, 0)
-            ids = torch.tensor([prompt + out.completion_ids[0]], device=next(policy.parameters()).device)
-            was_training = policy.training
-            policy.eval()
-            logits = policy(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-            policy.train(was_training)
-            expected = logits.log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1).cpu()
-            diff = (expected - torch.tensor(out.logprobs[0])).abs().max().item()
-            argmax_ok = torch.equal(logits.argmax(-1).cpu(), ids[0, len(prompt):].cpu())
-            if diff > atol or not argmax_ok:
-                raise ValueError(f"vLLM server {url} ({self.pool.model!r}) does not compute the policy's "
-                                 f"distribution after a weight sync: greedy tokens {out.completion_ids[0]} "
-                                 f"{'are' if argmax_ok else 'are not'} the policy's argmax, |Δ log p| = {diff:.3g} > "
-                                 f"{atol}. It runs a different model (architecture or head): start it from the "
-                                 "policy's checkpoint (or launch=dict(...))")
-            worst = max(worst, diff)
-        return worst
+    def parity_targets(self) -> dict[str, "RemoteVLLMEngine"]:
+        """Each live server alone: the module's parity probe (`rollout.parity`) measures every one."""
+        return {url: self._one_server(url) for url in self.pool.live}
 
     def _one_server(self, url: str) -> "RemoteVLLMEngine":
         """A view of this engine that sends every request to ``url`` only."""
@@ -260,7 +264,8 @@ class RemoteVLLMEngine(RolloutEngine):
         start = time.perf_counter()
         back = self.pool.revive()  # dropped servers that answer again get this full sync, then the checks
         self.pool.post_all("/update_weight_version", {"new_version": f"updating-{version}"})
-        sent = self.transport.send(self.pool, weights, tie_word_embeddings=self.tie_word_embeddings,
+        weights = without_unserved_head(weights, self.served_head)  # a tied head vLLM computes from the embedding
+        sent = self.transport.send(self.pool, weights, tie_word_embeddings=self.tie_word_embeddings and self.served_head,
                                    version=version)  # an AdapterTransport also sets pool.model
         self.pool.post_all("/reset_prefix_cache")  # cached KV blocks were computed with the old weights
         self.pool.post_all("/update_weight_version", {"new_version": str(version)})

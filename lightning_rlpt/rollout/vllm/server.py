@@ -13,7 +13,7 @@ Behaviour log-probs are vLLM's ``processed_logprobs`` (after temperature, see
 `rollout.vllm.engine`), and ``--generation-config vllm`` keeps the checkpoint's
 generation_config.json from overriding the sampling settings the trainer sends.
 
-Example:
+Examples:
     >>> server = VLLMServer.launch("ckpt_dir", log_dir="runs/x", max_model_len=128)  # doctest: +SKIP
     >>> server.url  # doctest: +SKIP
     'http://127.0.0.1:41237'
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Iterator
 
-import requests
+from ...http_client import HTTPFailure, exchange
 
 from ..ports import free_port
 from .engine import LOGPROBS_MODE
@@ -91,9 +91,9 @@ class VLLMServer:
 
     Use `launch` (or `launch_many`) to start servers; `stop` is idempotent and also runs from ``__del__``.
 
-    Example:
+    Examples:
         >>> with VLLMServer.launch("ckpt_dir", log_dir="/tmp/run") as server:  # doctest: +SKIP
-        ...     requests.get(server.url + "/health").status_code
+        ...     exchange("GET", server.url + "/health", timeout=5).status
         200
     """
 
@@ -160,9 +160,9 @@ class VLLMServer:
                 raise RuntimeError(f"vLLM server {self.url} (pid {self.pid}) exited with code {self.process.returncode} "
                                    f"while starting; log {self.log_path}:\n{self.log_tail()}")
             try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                if exchange("GET", self.url + "/health", timeout=2).status == 200:
                     return
-            except requests.RequestException:
+            except HTTPFailure:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"vLLM server {self.url} (pid {self.pid}) not healthy after {timeout:.0f} s; raise "

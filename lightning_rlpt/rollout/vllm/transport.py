@@ -27,8 +27,8 @@ Either way the version protocol around a send is the engine's (`RemoteVLLMEngine
 the server's ``weight_version`` is set to ``updating-<v>`` first and to ``<v>`` only after a
 complete load, so a failed or partial update leaves a version that the pre-rollout check refuses.
 
-Example:
-    >>> transport = SnapshotTransport("/tmp/run/weights")  # doctest: +SKIP
+Examples:
+    >>> transport = SnapshotTransport.under("/shared/run")  # doctest: +SKIP
     >>> transport.send(pool, policy_weights(policy), tie_word_embeddings=False)  # doctest: +SKIP
     1186048
 """
@@ -41,6 +41,7 @@ from typing import Any, Iterable
 import torch
 
 from ..server_pool import ServerFailure, ServerPool
+from .run_folder import owned_folder, release
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -54,7 +55,13 @@ def write_snapshot(directory: str, weights: Iterable[tuple[str, torch.Tensor]], 
     reload in place into a model started with ``--load-format dummy``."""
     from safetensors.torch import save_file
 
-    tensors = {name: t.detach().to("cpu", dtype or t.dtype).contiguous() for name, t in weights}
+    tensors, seen = {}, set()
+    for name, t in weights:
+        t = t.detach().to("cpu", dtype or t.dtype).contiguous()
+        if t.data_ptr() in seen:  # a tied alias (`policy_weights`): safetensors refuses shared storage
+            t = t.clone()
+        seen.add(t.data_ptr())
+        tensors[name] = t
     if tie_word_embeddings and "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
     save_file(tensors, os.path.join(directory, "model.safetensors"))
@@ -65,12 +72,28 @@ class SnapshotTransport:
     """Write a safetensors snapshot, have every live server reload it (see module docstring).
 
     Args:
-        directory: where the snapshot is written (must be readable by the servers).
+        directory: where the snapshot is written (must be readable by the servers); removed by
+            `close`. `SnapshotTransport.under(parent)` makes one of the run's own under ``parent``.
         dtype: the dtype written (the servers' ``--dtype``; None keeps the policy's).
     """
 
+    @classmethod
+    def under(cls, parent: str, dtype: torch.dtype | None = None) -> "SnapshotTransport":
+        """Snapshots in a folder of this run's own under ``parent``
+        (``rlpt-weights-<host>-<pid>-*``), removed however the run ends, SIGKILL included
+        (`rollout.vllm.run_folder`); leftovers of dead runs there are removed first. A ``parent``
+        this host cannot write is refused at setup on every rank, naming it and the host
+        (``problem``, gathered by `rollout.vllm.reach.check_reachable`)."""
+        try:
+            return cls(owned_folder(parent, "rlpt-weights-", "weight snapshot directory"), dtype)
+        except ValueError as err:  # refused at setup on every rank (`check_reachable`), not on this host alone
+            transport = cls("", dtype)
+            transport.problem = str(err)
+            return transport
+
     def __init__(self, directory: str, dtype: torch.dtype | None = None):
         self.directory, self.dtype = directory, dtype
+        self.problem: str | None = None  # why this host cannot write the directory (`under`)
         self.sends = 0
         self.readers: dict[str, set[str]] = {}  # snapshot folder -> servers whose abandoned reload may still read it
 
@@ -78,6 +101,8 @@ class SnapshotTransport:
              version: int = 0) -> int:
         """Bytes written (= read by each server). A server that cannot be reached is dropped (the
         others load the snapshot); none left raises `ServerFailure`."""
+        if self.problem:
+            raise ValueError(self.problem)
         if self.sends == 0:  # the first sync, at start: before the weights are written, the servers must see them
             self.check_visible(pool)
         path = os.path.join(self.directory, f"sync-{self.sends}-v{version}")
@@ -139,7 +164,8 @@ class SnapshotTransport:
                 self.readers.pop(folder, None)
 
     def close(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.directory:
+            release(self.directory)
 
 
 class NCCLTransport:  # pragma: no cover - needs CUDA GPUs for trainer and servers

@@ -1,0 +1,184 @@
+"""Render figures from their JSON (``benchmarks/results/``) into the pages that quote them, between
+``<!-- name -->`` markers, with the report scripts' own arithmetic (medians, ratios, the examples'
+own report functions): the README's headline results, docs/results.md's demo line, calculator
+table and ablation summary, and docs/callbacks.md's ablation table. Never typed by hand: tests/meta/test_results_sources.py fails when a page differs
+from what this script renders.
+
+    python benchmarks/headlines.py          # rewrite the pages' blocks
+    python benchmarks/headlines.py --check  # exit 1 if one is stale
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # the report modules import their neighbours by name
+import floor as floors  # noqa: E402
+import memory_scaling_report  # noqa: E402
+import rollout_throughput_report  # noqa: E402
+import vs_trl_report  # noqa: E402
+
+ROOT, RESULTS = os.path.dirname(HERE), os.path.join(HERE, "results")
+README, RESULTS_PAGE = os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "results.md")
+AGENTS_EXAMPLE = os.path.join(ROOT, "docs", "agents_example.md")
+CALLBACKS_PAGE = os.path.join(ROOT, "docs", "callbacks.md")
+
+
+def load(name: str) -> dict:
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
+
+
+def example_module(path: str):
+    """An example's report module (no heavy imports), by its path: the examples are not a package."""
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def demo_line() -> str:
+    return example_module("examples/arithmetic/demo_report.py").summary(load("demo.json"))
+
+
+def calculator_table() -> str:
+    data = load("tool_calculator.json")
+    return example_module("examples/tool_calculator/calculator_report.py").table(data["arms"], data["steps"],
+                                                                                  data["held_out"])
+
+
+def ablations(render: str) -> str:
+    """The callback ablations (examples/ablations.py --json): ``table`` or ``summary``."""
+    return getattr(example_module("examples/ablations_report.py"), render)(load("ablations.json")) + "\n"
+
+
+def seed_rollout_table() -> str:
+    """The HF engine's per-row sampler beside the one torch stream it replaced (medians of alternating runs)."""
+    data = load("hf_default_rollout.json")
+    rows = {"before": f"before ({data['before_commit']}): one torch stream", "after": "after: per-row seeds, one call"}
+    lines = [f"| HF engine, seed_per_prompt={data['seed_per_prompt']} | generate calls | median s | runs |",
+             "|---|---:|---:|---:|"]
+    lines += [f"| {name} | 1 | {data['median_s'][side]:.2f} | {len(data['seconds'][side])} |"
+              for side, name in rows.items()]
+    paired = data["paired_speedups"]
+    ratios = f"({data['speedup']:.2f}× faster; paired ratios {min(paired):.2f}–{max(paired):.2f}.)"
+    return "\n".join(lines) + f"\n\n{ratios}\n"
+
+
+def demo() -> str:
+    data, held_out = load("demo.json"), example_module("examples/arithmetic/demo_report.py").HELD_OUT
+    return (f"- The demo: held-out accuracy {data['before']:.1%} → {data['after']:.1%} after {data['steps']} GRPO "
+            f"steps ({data['seconds']:.0f} s), {held_out} unseen sums.").replace("%", " %")
+
+
+def calculator() -> str:
+    tools, bare = (load("tool_calculator.json")["arms"][a] for a in ("tools", "no_tools"))
+    return (f"- Tool calling: with a `multiply` tool a 2-layer model reaches {tools['accuracy_after']:.1%} on 3-digit "
+            f"products, {bare['accuracy_after']:.0%} without.").replace("%", " %")
+
+
+def against_trl() -> str:
+    """Like for like at vocabulary 32,000: TRL's median step over our HF engine's, and peak RSS."""
+    runs = load("vs_trl.json")["throughput_vocab32k"]["runs"]
+    step = {e: vs_trl_report._median([r for r in runs if r["engine"] == e], "median_step_s") for e in ("trl", "hf")}
+    peak = {e: max(r["peak_rss_mb"] for r in runs if r["engine"] == e) for e in ("trl", "hf")}
+    floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), load("floor.json")["peaks"]["cpu_fp32"]["flop_per_s"])
+    return (f"- Against TRL 1.16, like for like (both on `transformers.generate`, vocabulary 32,000): a step\n"
+            f"  {step['trl'] / step['hf']:.2f}× faster than `GRPOTrainer`'s, at {peak['hf']:,.0f} MB peak RSS against "
+            f"{peak['trl']:,.0f} MB; {floor:.1f}× the step's fp32 matrix-product floor.")
+
+
+def memory() -> str:
+    """Peak RSS growth when the rollout grows (no gradient checkpointing), micro-batched and one pass."""
+    data = load(os.path.join("memory_scaling_80k", "memory_scaling.json"))
+    peak = {g["path"]: g["peak"] for g in memory_scaling_report.growth(data) if not g["ckpt"]}
+    sizes = data["sizes"].split(",")
+    grow = int(sizes[-1].split("x")[1]) // int(sizes[0].split("x")[1])
+    return (f"- Memory: a {grow}× larger rollout raises the micro-batched step's peak {peak['micro']:.2f}× "
+            f"(one pass: {peak['one-pass']:.2f}×).")
+
+
+def kernel() -> str:
+    """The fused path in the module's training step, fp32, against the plain path."""
+    rows = load("logprob_kernel.json")["rows"]
+    row = next(r for r in rows if r["dtype"] == "float32" and r["variant"] == "fused-train")
+    return (f"- The fused log-prob kernel: {row['time_ratio']:.2f}× the time of the plain path with "
+            f"{100 * row['mem_ratio']:.1f} % of its extra memory (fp32).")
+
+
+def floor_line() -> str:
+    data = load("floor.json")
+    peak = data["peaks"]["cpu_fp32"]
+    seconds = floors.floor(floors.reference_step(), peak["flop_per_s"])["seconds"]["step"]
+    return (f"- The floor: this CPU multiplies matrices at {peak['gflops']:.0f} GFLOP/s (fp32), so the matrix products "
+            f"of the\n  TRL comparison's step alone take {seconds:.2f} s ([the floors](docs/results.md#floors)).")
+
+
+def floor_table() -> str:
+    data = load("floor.json")
+    measured = [f"{name}: {p['gflops']:.0f} GFLOP/s" if "gflops" in p else f"{name}: not measured ({p['skipped']})"
+                for name, p in data["peaks"].items()]
+    return (f"Peaks ({data['date'][:10]}, `torch.mm` {next(iter(data['peaks'].values())).get('m', '?')}³, median): "
+            + "; ".join(measured) + ".\n\n" + floors.report(floors.reference_step(), data["peaks"]) + "\n")
+
+
+def floor_ratios() -> str:
+    """Each side of the TRL comparison (vocabulary 32,000) over the fp32 floor of its step: the
+    median step of vs_trl.json over floor.json's peak, at render time, so neither can drift."""
+    data, runs = load("floor.json"), load("vs_trl.json")["throughput_vocab32k"]
+    peak, shape = data["peaks"]["cpu_fp32"]["flop_per_s"], floors.reference_step()
+    lines = ["| engine | median step (s) | × fp32 floor |", "|---|---:|---:|"]
+    for engine in vs_trl_report.ORDER:
+        rs = [r for r in runs["runs"] if r["engine"] == engine]
+        if rs:
+            step = vs_trl_report._median(rs, "median_step_s")
+            lines.append(f"| {vs_trl_report.NAMES[engine]} | {step:.2f} | {floors.ratio_to_floor(step, shape, peak):.1f} |")
+    return (f"Measured against it (the steps of [Against TRL](#against-trl), {runs['date'][:10]}, all fp32; the "
+            f"peak {data['date'][:10]}):\n\n" + "\n".join(lines) + "\n")
+
+
+def headlines() -> str:
+    return "\n".join([demo(), calculator(), against_trl(), memory(), kernel(), floor_line()]) + "\n"
+
+
+# page -> marker name -> what renders the block between <!-- name --> and <!-- /name -->
+BLOCKS = {README: {"headlines": headlines},
+          RESULTS_PAGE: {"demo": lambda: f"```\n{demo_line()}\n```\n",
+                         "calculator": lambda: f"```\n{calculator_table()}\n```\n",
+                         "seed-rollout": seed_rollout_table, "floor": floor_table, "floor-ratios": floor_ratios,
+                         "engines": lambda: rollout_throughput_report.table(load("rollout_throughput.json")),
+                         "ablations": lambda: ablations("summary")},
+          CALLBACKS_PAGE: {"ablations": lambda: ablations("table")},
+          AGENTS_EXAMPLE: {"calculator": lambda: f"```\n{calculator_table()}\n```\n"}}
+
+
+def rendered(page: str, text: str) -> str:
+    for name, render in BLOCKS[page].items():
+        mark = re.compile(rf"(<!-- {name} -->\n).*?(<!-- /{name} -->)", re.S)
+        if not mark.search(text):
+            raise SystemExit(f"{page}: no <!-- {name} --> markers")
+        text = mark.sub(lambda m: m.group(1) + render() + m.group(2), text)
+    return text
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for page in BLOCKS:
+        text = open(page, encoding="utf-8").read()
+        new = rendered(page, text)
+        if new != text and "--check" in argv:
+            stale.append(page)
+        elif new != text:
+            open(page, "w", encoding="utf-8").write(new)
+    if stale:
+        print(f"{', '.join(stale)}: figures differ from their JSON; run python benchmarks/headlines.py")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
