@@ -152,13 +152,17 @@ class RemoteVLLMEngine(RolloutEngine):
         ``checking-snapshot-dir``) or inside a reload (``updating-<step>``). A completion there
         runs on reset tensors and kills vLLM's engine (and the server with it), so the vocabulary
         probe is skipped for it; the first sync loads whole weights before anything samples."""
-        held = str(self.pool.get(url, "/weight_info").get("weight_version"))
+        held = self._held(url)
         if held == "checking-snapshot-dir" or held.startswith("updating-"):
             log.warning("vLLM server %s holds weight version %r: a run stopped in the middle of a weight sync, so "
                         "its weights may be partly reset. Not probing its vocabulary; the first sync reloads them "
                         "all before it samples", url, held)
             return True
         return False
+
+    def _held(self, url: str) -> str:
+        """The weight version ``url`` says it holds (vLLM's ``/weight_info``)."""
+        return str(self.pool.get(url, "/weight_info").get("weight_version"))
 
     def _accepts(self, url: str, token_id: int) -> bool:
         body = {"model": self.pool.model, "prompt": [token_id], "max_tokens": 1}
@@ -231,7 +235,7 @@ class RemoteVLLMEngine(RolloutEngine):
         cannot be reached is dropped while another is left."""
         for url in self.pool.live:
             try:
-                held = self.pool.get(url, "/weight_info")["weight_version"]
+                held = self._held(url)
             except ServerFailure:
                 if url in self.pool.dead and self.pool.live:  # lost, not wrong: the others sample
                     continue
@@ -276,7 +280,7 @@ class RemoteVLLMEngine(RolloutEngine):
         """A returning server samples again only once it holds ``version`` and passes the probe."""
         for url in urls:
             try:
-                held = self.pool.get(url, "/weight_info")["weight_version"]
+                held = self._held(url)
                 if held != str(version):
                     raise ValueError(f"it holds weight version {held!r} after the sync of step {version}")
                 if self.probe is not None:
