@@ -106,7 +106,7 @@ def measure_server(repeats: int, concurrency: int) -> dict:
     import torch
     from lightning_rlpt import RLModule
     from lightning_rlpt.model.weights import policy_weights
-    from lightning_rlpt.rollout.server_pool import ServerPool
+    from lightning_rlpt.rollout.servers.pool import ServerPool
     from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
     from lightning_rlpt.rollout.vllm.server import VLLMServer
     from lightning_rlpt.rollout.vllm.transport import write_snapshot

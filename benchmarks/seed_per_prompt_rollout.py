@@ -2,7 +2,7 @@
 
 Before (``--before``, a commit of this repository), the HF engine drew from one torch stream per
 ``generate`` call, so ``seed_per_prompt`` had to generate group by group (one call per prompt);
-after (this working tree), every row samples with its own seed (`rollout.row_sampling`) and the
+after (this working tree), every row samples with its own seed (`rollout.sampling.per_row`) and the
 whole rollout is one call. Same settings both ways: a randomly initialised Llama (4 layers × 256
 wide, head_dim 64, a 32,000-token vocabulary), 8 prompts of 32 random tokens × G = 8 completions
 × 32 new tokens (EOS never sampled, so both do the same work), temperature 1, fp32, seeds from

@@ -45,7 +45,7 @@ class VLLMServerRollout(EngineCallback):
     first checks that every live server holds the weight version the trainer sent. Requests are
     balanced over the servers by outstanding tokens; a server that dies or hangs is dropped and
     its requests go to the others, and when none is left the run stops with an error naming the
-    servers and the step (`rollout.server_pool`); a sync drops an unreachable server the same way,
+    servers and the step (`rollout.servers.pool`); a sync drops an unreachable server the same way,
     and dropped servers that answer again rejoin after a full sync, a version check and the parity
     probe. Drops, returns and requests waiting past ``warn_after`` are logged as warnings, and
     ``vllm/live_servers`` every step. A LoRA policy is synced as its adapter

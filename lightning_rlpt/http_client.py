@@ -1,6 +1,6 @@
 """Every HTTP exchange of the package, on one maintained client (``httpx``): the reward services
 (`rewards.http.HTTPReward`, `rewards.code.remote_client.RunCodeClient`) and the rollout servers
-(`rollout.server_pool.ServerPool`, `rollout.vllm.server`, `rollout.vllm.reach`,
+(`rollout.servers.pool.ServerPool`, `rollout.vllm.server`, `rollout.vllm.reach`,
 `rollout.vllm.remote_engine`).
 
 What this module owns, so that no caller writes it again:

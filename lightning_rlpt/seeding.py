@@ -22,7 +22,7 @@ domain                    key                                                  d
 
 Not derived here, on purpose: the data order is seeded by ``seed + epoch`` (torch's
 ``DistributedSampler`` convention, so an order matches the one a Lightning user already gets)
-and `rollout.row_sampling.request_seeds` draws a call's row seeds from a generator seeded by the
+and `rollout.sampling.per_row.request_seeds` draws a call's row seeds from a generator seeded by the
 call's seed.
 
 Examples:

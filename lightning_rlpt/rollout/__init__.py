@@ -1,5 +1,8 @@
-"""Rollouts: engines (the interface, `transformers.generate`, vLLM in ``vllm/``), sampling
-settings and the collection of a batch of prompts into a scored `Experience` (``collect``)."""
+"""Rollouts, by concern: the engine contract (``engine.py``, and the module's side of it in
+``contract.py``), the default engine (``hf.py``: `transformers.generate`), vLLM's engines
+(``vllm/``), rollouts generated ahead (``pipeline.py``), what every engine samples with
+(``sampling/``), completion servers any engine can use (``servers/``), multi-turn episodes
+(``episodes/``), and the collection of a batch of prompts into an `Experience` (``collect.py``)."""
 from .engine import RolloutEngine, RolloutOutput, WeightSource
 from .hf import HFGenerateEngine
 from .sampling import SamplingConfig

@@ -84,7 +84,7 @@ def row_seeds(batch: dict[str, list[Any]], group_size: int, seed: int, seed_per_
     """One seed per row, every row its own: keyed by ``(seed, row)``, or with ``seed_per_prompt``
     by ``(seed, dataset index, occurrence of that index in the batch, row within the group)``,
     so a prompt drawn twice gets two independent groups and no seed depends on the prompt's
-    position in the batch. Engines sample each row from its seed alone (`row_sampling`)."""
+    position in the batch. Engines sample each row from its seed alone (`sampling.per_row`)."""
     if not seed_per_prompt:
         return [keyed_seed("row", seed, j) for j in range(len(batch["prompt"]) * group_size)]
     if "index" not in batch:

@@ -90,7 +90,7 @@ class RolloutEngine(ABC):
     @abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int | list[int]) -> RolloutOutput:
         """``seed`` is one seed for the call, or one per row; every engine turns it into one seed per
-        row (`row_sampling.request_seeds`) and samples each row from its own seed alone."""
+        row (`per_row.request_seeds`) and samples each row from its own seed alone."""
 
     @abstractmethod
     def sync_weights(self, weights: WeightSource, version: int, force: bool = False) -> None:

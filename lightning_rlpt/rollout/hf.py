@@ -9,16 +9,16 @@ from transformers import (LogitsProcessor, LogitsProcessorList, MinPLogitsWarper
 from ..model.distributed import is_sharded, run_as_root_forward, world_size
 from ..padding import left_pad
 from .engine import RolloutEngine, RolloutOutput, WeightSource, cut_at_eos
-from .generation_kwargs import check_hf_kwargs
-from .row_sampling import RowSampler, request_seeds
+from .sampling.generation_kwargs import check_hf_kwargs
+from .sampling.per_row import RowSampler, request_seeds
 from .sampling import SamplingConfig
 
 
 class HFGenerateEngine(RolloutEngine):
     """``transformers.generate`` on the policy itself (always on-policy, no weight copy).
 
-    Every row samples with its own seed (`row_sampling.request_seeds`, as the vLLM engines do)
-    through `row_sampling.RowSampler`'s Gumbel-max, so a completion depends only on its row's
+    Every row samples with its own seed (`per_row.request_seeds`, as the vLLM engines do)
+    through `per_row.RowSampler`'s Gumbel-max, so a completion depends only on its row's
     seed and prompt: never on the other rows, on ``SamplingConfig.max_batch_rows`` chunks, on
     micro-batching or on the rank layout. No torch RNG is used: the global stream is untouched
     and a resumed run samples exactly what an uninterrupted one does. ``SamplingConfig.min_p``

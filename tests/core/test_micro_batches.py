@@ -30,7 +30,7 @@ class GradRecorder(Callback):
 
 def _grads(model_dir, rows, steps=1, **kwargs):
     # Each row samples from its own seed and the caps never chunk generation: both runs train on
-    # the same rollout (tests/rollout/test_row_sampling.py).
+    # the same rollout (tests/rollout/sampling/test_per_row.py).
     if "optimizer" not in kwargs:
         kwargs["lr"] = 1e-3
     module = RLModule(model_dir, reward_funcs=[task.exact_answer], group_size=4, seed=5, seed_per_prompt=True,

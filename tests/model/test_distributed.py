@@ -201,7 +201,7 @@ def test_vllm_server_rollout_refuses_sharded_multi_process_trainers():
 
 def _lead_then_share_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
-    from lightning_rlpt.rollout.vllm.ranks import lead_then_share
+    from lightning_rlpt.rollout.ranks import lead_then_share
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     calls = []

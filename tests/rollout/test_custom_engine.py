@@ -18,7 +18,7 @@ from lightning_rlpt import HFGenerateEngine, PromptDataModule, RLCallback, RLMod
 from lightning_rlpt.callbacks import EngineCallback
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout import RolloutEngine, RolloutOutput, SamplingConfig
-from lightning_rlpt.rollout.row_sampling import request_seeds
+from lightning_rlpt.rollout.sampling.per_row import request_seeds
 from resume_utils import assert_same_run, read_rows, straight_and_resumed
 
 STEPS = 4

@@ -9,7 +9,7 @@ import tiny_task as task
 from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 from lightning_rlpt.rollout import SamplingConfig
-from lightning_rlpt.rollout.vllm.checks import context_length, model_config
+from lightning_rlpt.rollout.context import context_length, model_config
 
 LONG = {"prompt": "12+34=", "answer": "46"}  # 7 tokens with BOS
 

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from lightning_rlpt.rollout.server_pool import ServerFailure, ServerPool
+from lightning_rlpt.rollout.servers.pool import ServerFailure, ServerPool
 from lightning_rlpt.rollout.vllm.reach import UnreachableServer, check_reachable
 
 

@@ -19,7 +19,7 @@ from lightning_rlpt.callbacks import VLLMServerRollout
 from lightning_rlpt.model.logprobs import position_ids_for
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.collect import rollout
-from lightning_rlpt.rollout.server_pool import ServerFailure
+from lightning_rlpt.rollout.servers.pool import ServerFailure
 from lightning_rlpt.rollout.vllm.lora_transport import AdapterTransport
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer

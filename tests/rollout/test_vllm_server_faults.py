@@ -23,13 +23,13 @@ from lightning_rlpt import PromptDataModule, RLCallback, RLModule, SamplingConfi
 from lightning_rlpt.callbacks import VLLMServerRollout
 from lightning_rlpt.model.weights import policy_weights
 from lightning_rlpt.rollout.parity import ParityProbe
-from lightning_rlpt.rollout.server_pool import ServerFailure
+from lightning_rlpt.rollout.servers.pool import ServerFailure
 from lightning_rlpt.rollout.vllm import guard
 from lightning_rlpt.rollout.vllm.remote_engine import RemoteVLLMEngine
 from lightning_rlpt.rollout.vllm.server import VLLMServer
 from lightning_rlpt.rollout.vllm.transport import SnapshotTransport
 
-CLIENT = "lightning_rlpt.rollout.server_pool"
+CLIENT = "lightning_rlpt.rollout.servers.pool"
 GREEDY = SamplingConfig(max_new_tokens=4, temperature=0.0, max_prompt_length=8)
 SERVE = dict(max_model_len=64, kv_cache_memory_bytes=64 << 20, startup_timeout=240)
 PYTHON = sys.executable

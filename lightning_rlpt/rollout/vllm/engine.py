@@ -20,7 +20,7 @@ is the untruncated one, so the IS ratio also carries the truncation. The same ho
 "processed" includes as well (docs/long_reasoning.md).
 
 Sampling is reproducible: request ``i`` of a call seeded ``seed`` draws with its own seed
-(`row_sampling.request_seeds`, which the HF engine uses too), so the module's checkpointed seed
+(`per_row.request_seeds`, which the HF engine uses too), so the module's checkpointed seed
 stream fixes every completion. ``SamplingConfig.max_batch_rows`` is the HF engine's: vLLM
 schedules its own batches.
 
@@ -48,8 +48,8 @@ from ...model.weights import policy_weights
 from ...quiet import quiet_engine_reload
 from ..context import context_length, model_config
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
-from ..generation_kwargs import check_vllm_kwargs
-from ..row_sampling import request_seeds
+from ..sampling.generation_kwargs import check_vllm_kwargs
+from ..sampling.per_row import request_seeds
 from ..sampling import SamplingConfig
 from .checks import (check_head_dim, check_native_architecture, check_tensor_parallel, head_dim, import_vllm,
                      serves_lm_head, without_unserved_head)
@@ -210,7 +210,7 @@ class VLLMEngine(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int | list[int]) -> RolloutOutput:
         """Completion ids (ending with EOS when stopped by it) and the sampled tokens' log-probs;
-        ``seed``: one for the call or one per row (see `row_sampling.request_seeds`)."""
+        ``seed``: one for the call or one per row (see `per_row.request_seeds`)."""
         from vllm.inputs import TokensPrompt
 
         sampling, stop = self.effective_sampling(sampling)

@@ -48,7 +48,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from ..server_pool import ServerFailure, ServerPool
+from ..servers.pool import ServerFailure, ServerPool
 from .run_folder import owned_folder, release
 from .transport import tensor_bytes
 

@@ -16,13 +16,11 @@ version. The rule here:
 Sharded strategies (FSDP/FSDP2) would need every rank to take part in gathering the weights;
 they are refused with more than one process (`check_strategy`).
 
-`lead_then_share` and `world` are the rollout layer's (`rollout.ranks`): any engine can use them.
+`lead_then_share` and `world`, which any engine can use, are the rollout layer's (`rollout.ranks`).
 """
 from __future__ import annotations
 
 from typing import Any
-
-from ..ranks import lead_then_share, world  # noqa: F401 - moved to rollout.ranks; imported from here too
 
 
 def check_strategy(strategy: Any, world_size: int) -> None:

@@ -3,7 +3,7 @@
 Same `RolloutOutput` as the colocated `VLLMEngine`: completion ids (ending with EOS when the
 model stopped) and each sampled token's ``processed_logprobs`` log-prob (the servers run with
 ``--logprobs-mode processed_logprobs``, see `rollout.vllm.engine` for why). Seeds: request ``i``
-gets the same per-request seed as in the colocated and HF engines (`row_sampling.request_seeds`),
+gets the same per-request seed as in the colocated and HF engines (`per_row.request_seeds`),
 so a completion depends only on the module's seed stream, not on which server answered or how
 many there are.
 
@@ -43,11 +43,11 @@ import torch
 from ...http_client import HTTPFailure
 from ..context import model_config
 from ..engine import RolloutEngine, RolloutOutput, WeightSource
-from ..generation_kwargs import check_server_kwargs
+from ..sampling.generation_kwargs import check_server_kwargs
 from ..ranks import lead_then_share
-from ..row_sampling import request_seeds
+from ..sampling.per_row import request_seeds
 from ..sampling import SamplingConfig
-from ..server_pool import ServerFailure, ServerPool
+from ..servers.pool import ServerFailure, ServerPool
 from .checks import serves_lm_head, without_unserved_head
 from .engine import OVERRIDES
 from .server import VLLMServer

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from ...http_client import HTTPFailure, exchange
 
-from ..ports import free_port
+from ..servers.ports import free_port
 from .engine import LOGPROBS_MODE
 
 GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")  # run as a script: no package import

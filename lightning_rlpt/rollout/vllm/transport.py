@@ -40,7 +40,7 @@ from typing import Any, Iterable
 
 import torch
 
-from ..server_pool import ServerFailure, ServerPool
+from ..servers.pool import ServerFailure, ServerPool
 from .run_folder import owned_folder, release
 
 

@@ -1,4 +1,4 @@
-"""vLLM's context for episodes (`rollout.vllm.checks.context_length`): with tools, an environment
+"""vLLM's context for episodes (`rollout.context.context_length`): with tools, an environment
 or a rollout_func an episode holds the prompt, every turn and every tool/environment message,
 which ``max_new_tokens`` (model tokens only) does not bound, so vLLM gets the model's whole
 context unless told otherwise; a given engine or server must still hold prompt + completion."""
@@ -9,7 +9,7 @@ import pytest
 import agent_task as at
 from episode_fixtures import tool_model_dir, tool_script  # noqa: F401 (fixtures)
 from lightning_rlpt import RLModule
-from lightning_rlpt.rollout.vllm.checks import context_length, model_config
+from lightning_rlpt.rollout.context import context_length, model_config
 
 
 def module(path, tok, **kwargs):

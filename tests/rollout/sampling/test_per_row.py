@@ -1,4 +1,4 @@
-"""Per-row sampling on the HF engine (`rollout.row_sampling`): Gumbel-max over a hash of (row
+"""Per-row sampling on the HF engine (`rollout.sampling.per_row`): Gumbel-max over a hash of (row
 seed, step, token) draws from the processed softmax; a row's completion depends on its seed
 alone (not on its batch, ``max_batch_rows`` chunks or the training micro-batch caps); a prompt
 drawn twice with ``seed_per_prompt`` gets two independent groups; the behaviour log-probs carry
@@ -12,7 +12,7 @@ from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 from lightning_rlpt.model.loading import load_policy, load_tokenizer
 from lightning_rlpt.rollout import HFGenerateEngine, SamplingConfig, collect
-from lightning_rlpt.rollout.row_sampling import RowSampler, uniform
+from lightning_rlpt.rollout.sampling.per_row import RowSampler, uniform
 
 PROMPTS = ["7+5=", "12+34=", "99+99=", "3+4=", "1+1=", "45+6=", "8="]  # different lengths: left padding
 
@@ -127,6 +127,6 @@ def test_a_micro_batch_cap_does_not_change_the_data(warm_start_dir, arithmetic_r
 def test_docstring_examples_hold():
     import doctest
 
-    from lightning_rlpt.rollout import row_sampling
+    from lightning_rlpt.rollout.sampling import per_row
 
-    assert doctest.testmod(row_sampling).attempted > 0 and doctest.testmod(row_sampling).failed == 0
+    assert doctest.testmod(per_row).attempted > 0 and doctest.testmod(per_row).failed == 0

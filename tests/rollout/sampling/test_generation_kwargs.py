@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import tiny_task as task
 from lightning_rlpt import RLModule
 from lightning_rlpt.rollout import HFGenerateEngine, SamplingConfig
-from lightning_rlpt.rollout.generation_kwargs import check_hf_kwargs, check_server_kwargs
+from lightning_rlpt.rollout.sampling.generation_kwargs import check_hf_kwargs, check_server_kwargs
 
 PROMPTS = ["12+34=", "5+6=", "7=", "99+1=", "3+3=", "45+45="]
 LOW_DIGITS = [task.SYMBOLS.index(d) + len(task.SPECIALS) for d in "01234"]

@@ -32,7 +32,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from ..http_client import HTTPFailure, exchange, new_client
+from ...http_client import HTTPFailure, exchange, new_client
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ class SamplingConfig:
         generation_kwargs: extra keyword arguments for the engine's sampler (TRL's name):
             ``transformers.generate`` (HF engine) or vLLM's ``SamplingParams`` / completions
             request, e.g. ``{"no_repeat_ngram_size": 3}``. Keys this config or the rollout already
-            sets are refused naming what to use instead (`rollout.generation_kwargs`); TRL lets
+            sets are refused naming what to use instead (`rollout.sampling.generation_kwargs`); TRL lets
             them override. Validation copies them with the rest of the training config.
 
     What the learner scores: the training log-probs are ``log_softmax(logits / temperature)``
