@@ -68,7 +68,11 @@ def automatic():
     got = torch.autograd.grad(logp.sum() + ent.sum(), (x, w))
     ref_logp, ref_ent = fused_logprobs(x, w, t, impl="chunked")
     want = torch.autograd.grad(ref_logp.sum() + ref_ent.sum(), (x, w))
-    errs = [float((a - c).abs().max()) for a, c in zip((logp, ent, *got), (ref_logp, ref_ent, *want))]
+    # relative to the largest value: which candidate wins depends on the machine's load, and two
+    # orders of fp32 sums differ by rounding that grows with the values (1.1e-5 absolute seen on
+    # gradients of magnitude ~10 when a Triton backward won)
+    errs = [float((a - c).abs().max()) / max(1.0, float(c.abs().max()))
+            for a, c in zip((logp, ent, *got), (ref_logp, ref_ent, *want))]
     timed = {k.split()[0]: sorted(c.seconds) for k, c in choices().items()}
     return dict(errs=errs, timed=timed, names=list(implementations("cpu")))
 
@@ -118,7 +122,8 @@ def test_without_entropy(results, name):
 
 def test_automatic_choice_times_the_triton_candidates_too(results):
     """Under the interpreter the Triton kernels count as usable on CPU: 'auto' times the three
-    distinct forwards and all four backwards, and its result equals the forced chunked path."""
+    distinct forwards and all four backwards, and its result equals the forced chunked path (to
+    TOL relative to the largest value: the winner, and so the order of the sums, varies)."""
     auto = results["automatic"]
     assert auto["names"] == ["chunked", "full_vocab", "triton", "triton_owned"]
     assert auto["timed"] == {"forward": ["chunked", "full_vocab", "triton"],
