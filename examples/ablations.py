@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import statistics
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "arithmetic"))
 import task  # noqa: E402
 
 import ablations_report  # noqa: E402
+from _common import write_json  # noqa: E402  (examples/_common.py)
 
 from lightning_rlpt import HFGenerateEngine, PromptDataModule, RLModule  # noqa: E402
 from lightning_rlpt.callbacks import (AccuracyConditionedKL, CurriculumSampler, EntropyGatedKL,  # noqa: E402
@@ -131,8 +131,7 @@ def write_report(results: dict[str, dict], args: argparse.Namespace, seconds: fl
     with open(os.path.join(args.out, "ablations.md"), "w") as f:
         f.write(ablations_report.table(data) + "\n")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+        write_json(args.json, data)
     return data
 
 

@@ -35,6 +35,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from .processes import pid_alive
+
 TEMP_SUFFIX = ".rlpt-tmp"
 ZIP_MAGIC = b"PK\x03\x04"
 _said_installed = False  # "said once": the first Trainer of a process tells, later ones do not
@@ -160,15 +162,7 @@ def _writer_alive(path: str) -> bool:
     """Whether the process that named this temp still runs (on this host): its save may be under way."""
     parts = os.path.basename(path).split(".")  # ".<name>.<pid>.<random, no dots>.rlpt-tmp"
     pid = int(parts[-3]) if len(parts) > 3 and parts[-3].isdigit() else None
-    if pid is None or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid is not None and pid != os.getpid() and pid_alive(pid)
 
 
 # ---------------------------------------------------------------------------------------- reading

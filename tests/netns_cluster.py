@@ -30,6 +30,7 @@ so that no sweep takes the cluster while it is in use; ``down TOKEN`` stops it.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
 import secrets
@@ -45,6 +46,19 @@ PREFIX = "rlpt"
 LOCKS = "/run/rlpt-clusters"  # a tmpfs, like /run/netns: cleared with the namespaces at boot
 
 
+def _load_pid_alive():
+    """`lightning_rlpt.processes.pid_alive`, loaded by its file: importing the package would import
+    torch and Lightning (seconds) in every ``python tests/netns_cluster.py`` and sweep process."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lightning_rlpt", "processes.py")
+    spec = importlib.util.spec_from_file_location("_rlpt_processes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.pid_alive
+
+
+pid_alive = _load_pid_alive()
+
+
 def _ip(*args: str, check: bool = True) -> str:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if check and done.returncode:
@@ -57,16 +71,6 @@ def namespaces() -> list[str]:
     return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stop_pids(pids: Sequence[int], grace: float = 5.0) -> None:
     """SIGTERM, then SIGKILL whatever is still there after ``grace`` seconds."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -76,7 +80,7 @@ def _stop_pids(pids: Sequence[int], grace: float = 5.0) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + grace
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
@@ -141,7 +145,7 @@ def sweep() -> list[str]:
     gone = []
     for token, names in clusters().items():
         if token.isdigit():  # named after its builder's PID (before tokens): gone when that PID is
-            if not _alive(int(token)):
+            if not pid_alive(int(token)):
                 for name in names:
                     delete_namespace(name)
                 gone += names
@@ -165,7 +169,7 @@ def down(token: str) -> list[str]:
         raise KeyError(f"no cluster {token!r} here (clusters: {sorted(clusters())})")
     if held.get("keeper"):
         _stop_pids([held["keeper"]])
-    elif held.get("pid") and _alive(held["pid"]):
+    elif held.get("pid") and pid_alive(held["pid"]):
         raise RuntimeError(f"cluster {token!r} belongs to the running process {held['pid']} (not kept by `up`): "
                            "it removes its own cluster when it ends")
     fd = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -25,8 +24,10 @@ from lightning.pytorch.loggers import CSVLogger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # examples/: _common
 import demo_report  # noqa: E402  (examples/arithmetic/demo_report.py)
 import task  # noqa: E402
+from _common import write_json  # noqa: E402  (examples/_common.py)
 
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
 from lightning_rlpt.cli.plotting import plot_metrics  # noqa: E402
@@ -74,10 +75,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     result = {"before": before, "after": after, "seconds": seconds}
     if args.json:  # benchmarks/headlines.py renders the README's and docs/results.md's demo figures from it
         settings = {k: getattr(args, k) for k in ("steps", "prompts", "group_size", "lr", "kl_coef", "seed")}
-        with open(args.json, "w") as f:
-            json.dump({**result, **settings, "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
-                       "torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "load_after": os.getloadavg()[0]}, f, indent=1)
+        write_json(args.json, {**result, **settings, "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+                               "torch": torch.__version__, "threads": torch.get_num_threads(),
+                               "load_after": os.getloadavg()[0]})
     return result
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import json
 import os
 import sys
 import time
@@ -28,10 +27,12 @@ from lightning.pytorch.loggers import CSVLogger
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # examples/: _common
 import greedy_eval as evaluate  # noqa: E402  (examples/tool_calculator/greedy_eval.py)
 import calculator as task  # noqa: E402
 import make_traces  # noqa: E402
 import calculator_report  # noqa: E402  (examples/tool_calculator/calculator_report.py)
+from _common import write_json  # noqa: E402  (examples/_common.py)
 
 from lightning_rlpt import PromptDataModule, RLModule  # noqa: E402
 
@@ -127,10 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     print(f"plot: {png}")
     if args.json:  # benchmarks/headlines.py renders docs/results.md's table and the README's line from it
         settings = {k: getattr(args, k) for k in ("steps", "prompts", "group_size", "max_new_tokens", "lr", "seed")}
-        with open(args.json, "w") as f:
-            json.dump({"arms": {a: {k: v for k, v in r.items() if k != "metrics"} for a, r in results.items()},
-                       "held_out": n, **settings, "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
-                       "torch": torch.__version__}, f, indent=1)
+        write_json(args.json, {"arms": {a: {k: v for k, v in r.items() if k != "metrics"} for a, r in results.items()},
+                               "held_out": n, **settings, "date": datetime.date.today().isoformat(),
+                               "cpus": os.cpu_count(), "torch": torch.__version__})
     return results
 
 
