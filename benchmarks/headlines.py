@@ -26,6 +26,7 @@ ROOT, RESULTS = os.path.dirname(HERE), os.path.join(HERE, "results")
 README, RESULTS_PAGE = os.path.join(ROOT, "README.md"), os.path.join(ROOT, "docs", "results.md")
 AGENTS_EXAMPLE = os.path.join(ROOT, "docs", "agents_example.md")
 CALLBACKS_PAGE = os.path.join(ROOT, "docs", "callbacks.md")
+KERNELS_PAGE = os.path.join(ROOT, "docs", "kernels.md")
 
 
 def load(name: str) -> dict:
@@ -141,6 +142,21 @@ def floor_ratios() -> str:
             f"peak {data['date'][:10]}):\n\n" + "\n".join(lines) + "\n")
 
 
+def head_gradient_table() -> str:
+    """`benchmarks/head_gradient.py`: the update's head, forward-pass gradient against recompute."""
+    data = load("head_gradient.json")
+    shape, sides = data["shape"], data["sides"]
+    lines = ["| head gradient | median (s) | × floor (3 GEMMs) | extra memory (MiB) |", "|---|---:|---:|---:|"]
+    for side in ("forward", "recompute"):
+        r = sides[side]
+        ratio = "—" if r["floor_ratio"] is None else f"{r['floor_ratio']:.2f}"
+        lines.append(f"| `{side}` | {r['seconds']:.3f} | {ratio} | {r['extra_mb']:.0f} |")
+    return (f"{shape['rows']} rows × {shape['completion']} tokens, hidden {shape['hidden']}, vocabulary "
+            f"{shape['vocab']:,}, fp32, {data['threads']} threads ({data['date'][:10]}; "
+            f"`python benchmarks/head_gradient.py`): the forward-pass path is {data['speedup']:.2f}× as fast.\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def headlines() -> str:
     return "\n".join([demo(), calculator(), against_trl(), memory(), kernel(), floor_line()]) + "\n"
 
@@ -153,6 +169,7 @@ BLOCKS = {README: {"headlines": headlines},
                          "engines": lambda: rollout_throughput_report.table(load("rollout_throughput.json")),
                          "ablations": lambda: ablations("summary")},
           CALLBACKS_PAGE: {"ablations": lambda: ablations("table")},
+          KERNELS_PAGE: {"head-gradient": head_gradient_table},
           AGENTS_EXAMPLE: {"calculator": lambda: f"```\n{calculator_table()}\n```\n"}}
 
 

@@ -40,6 +40,7 @@ from .rollout.episodes.tools import DEFAULT_MAX_CHARS
 from .seeding import keyed_generator, keyed_seed
 from .stages.experience import MakeExperience
 from .stages.fit_state import FitState
+from .stages.head_in_forward import HeadInForward
 from .stages.timing import StepTimer
 from .stages.update import PolicyUpdate
 
@@ -128,6 +129,9 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         reference: force (True) or forbid (False) a reference model; None: when ``kl_coef > 0``.
         reference_dtype / reference_offload: a full-FT reference in e.g. ``"bfloat16"`` / on CPU between forwards.
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
+        head_gradient: ``"forward"`` forms the head's gradient in the loss's forward pass where the head
+            and options allow (three GEMMs, not four: `stages.head_in_forward`); ``"recompute"`` always
+            recomputes the logits in the backward.
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
             (see `algorithms.correction`); ``"auto"``: ``token_tis``, or None for losses that correct
@@ -198,7 +202,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         max_grad_norm: float | None = 1.0,
         reference: bool | None = None,
         reference_dtype: str | None = None, reference_offload: bool = False,
-        use_fused_kernel: bool = True,
+        use_fused_kernel: bool = True, head_gradient: str = "forward",
         rollout_correction: str | None = "auto",
         rollout_correction_cap: float = 2.0,
         rollout_correction_kl: bool = False,
@@ -244,6 +248,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         self.scheduler_factory = lr_scheduler
         check_top_entropy_quantile(top_entropy_quantile)
         check_entropy_coef(entropy_coef)
+        self.head_in_forward = HeadInForward(head_gradient)
         self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch, bool(padding_free))
         if rollout_correction == "auto":
             rollout_correction = None if self.objective.self_correcting else "token_tis"

@@ -46,22 +46,42 @@ def completion_logprobs(
     (masked out of every loss).
     """
     targets = input_ids[:, -completion_len:]
-    if padding_free:
-        inputs, keep = pack(input_ids, attention_mask, completion_len)
-    else:
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids_for(attention_mask), use_cache=False)
-        keep = None
 
     def score() -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = model.get_decoder()(**inputs).last_hidden_state
-        hidden = hidden[:, -completion_len - 1 : -1] if keep is None else hidden[0, keep]
+        hidden = completion_hidden(model, input_ids, attention_mask, completion_len, padding_free)
         return head_logprobs(model.get_output_embeddings(), hidden, targets, temperature, with_entropy,
                              use_fused_kernel, entropy_grad, softcap=logit_softcap(model))
 
     # Under FSDP2 the root unit's parameters (embeddings, final norm, LM head) are gathered by its
     # forward hooks only: `score` runs between them, so the head weight it reads is the gathered one.
     return run_as_root_forward(model, score) if is_sharded(model) else score()
+
+
+def completion_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_len: int,
+                      padding_free: bool = False) -> torch.Tensor:
+    """The decoder's last hidden states ``[N, C, H]`` at the positions that predict the last
+    ``completion_len`` tokens (one packed row under ``padding_free``: `pack`)."""
+    if padding_free:
+        inputs, keep = pack(input_ids, attention_mask, completion_len)
+    else:
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids_for(attention_mask), use_cache=False)
+        keep = None
+    hidden = model.get_decoder()(**inputs).last_hidden_state
+    return hidden[:, -completion_len - 1 : -1] if keep is None else hidden[0, keep]
+
+
+def linear_head(model: nn.Module, use_fused_kernel: bool = True) -> tuple[torch.Tensor, torch.Tensor | None] | str:
+    """The policy's head as ``(weight, bias)`` for a kernel of our own, or why it cannot be
+    (a soft-cap, a sharded model or head, a head that is no linear map, the kernel turned off)."""
+    if not use_fused_kernel or _fused() is None:
+        return "the fused kernel is off (use_fused_kernel=False)"
+    if logit_softcap(model):
+        return "the model soft-caps its logits"
+    if is_sharded(model) or _sharded_head(model.get_output_embeddings()):
+        return "the model is sharded (FSDP2)"
+    linear = head_as_linear(model.get_output_embeddings())
+    return "the head is not a plain linear map (DoRA, LoRA dropout, ...)" if linear is None else linear
 
 
 def head_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,

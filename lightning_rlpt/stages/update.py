@@ -181,6 +181,20 @@ class PolicyUpdate:
         mask = self.loss_mask(mb)
         if counts is None:
             counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])
+        if self.head_in_forward.eligible(self, mb, entropy_threshold, kept_tokens):
+            return self.head_in_forward.loss(self, mb, mask, counts, entropy_threshold, kept_tokens)
+        logp, entropy = self.policy_logprobs(mb, with_entropy=True, entropy_grad=self.hparams.entropy_coef != 0)
+        logp = logp if logp.dtype == torch.float64 else logp.float()  # the loss in fp32 at least, whatever the model's
+        loss, metrics = self.objective_terms(mb, logp, entropy, mask, counts, entropy_threshold, kept_tokens)
+        return loss, metrics, logp.detach()
+
+    def objective_terms(self, mb: Experience, logp: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
+                        counts: tuple[float, ...], entropy_threshold: torch.Tensor | None = None,
+                        kept_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss and its metrics from the policy's log-probs and entropies of ``mb``'s
+        completions: the objective alone, no forward. ``mb`` may be any set of whole rows of the
+        mini-batch: with its global ``counts`` the shares of disjoint row sets add up to the loss
+        of their union (what micro-batching and `HeadInForward` rely on)."""
         tokens, seqs, *local = counts
         world = self.trainer.world_size if self._trainer is not None else 1
 
@@ -192,8 +206,6 @@ class PolicyUpdate:
             return float((values.detach().float() * mask).sum()) * world / max(tokens, 1.0)
 
         coef = self.hparams.entropy_coef
-        logp, entropy = self.policy_logprobs(mb, with_entropy=True, entropy_grad=coef != 0)
-        logp = logp if logp.dtype == torch.float64 else logp.float()  # the loss in fp32 at least, whatever the model's
         policy_mask = self._high_entropy_mask(entropy, mask, entropy_threshold)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         per_token, stats = surrogate(
@@ -220,7 +232,7 @@ class PolicyUpdate:
             acted_on = tokens if policy_mask is None else self._kept_tokens(mask, policy_mask, kept_tokens)
             loss = loss - world * coef * entropy_bonus(entropy, mask, acted_on, policy_mask)
         metrics["loss"] = loss.item()  # world × this rank's share: the mean over ranks is the global loss
-        return loss, metrics, logp.detach()
+        return loss, metrics
 
     def step_scheduler(self) -> None:
         """Manual optimization leaves schedulers to the module: one step per optimizer step."""

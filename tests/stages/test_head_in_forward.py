@@ -1,0 +1,158 @@
+"""The head's gradient formed in the forward pass (`stages.head_in_forward`,
+`kernels.head_in_forward`) equals the recompute path's: the loss, its metrics, the log-probs and
+every parameter's gradient, for every policy loss and aggregation, μ = 1 and μ > 1, with KL and
+entropy terms, in fp32 and fp64, over several row chunks; the kernel alone against autograd
+through full logits; the fallbacks and the non-finite refusal."""
+import logging
+
+import pytest
+import torch
+
+import tiny_task as task
+from lightning_rlpt import AGGREGATIONS, POLICY_LOSSES, RLModule
+from lightning_rlpt.kernels import head_in_forward as kernel
+from lightning_rlpt.kernels import head_loss_in_forward, reference_logprobs
+from lightning_rlpt.rewards import score_experience
+from lightning_rlpt.rollout import collect
+
+GEN = dict(max_new_tokens=6, max_prompt_length=8)
+TOL = {torch.float32: (2e-6, 2e-4), torch.float64: (1e-12, 1e-9)}
+
+
+def _module(model_dir, dtype=torch.float32, **kwargs):
+    module = RLModule(model_dir, reward_funcs=[task.exact_answer], group_size=4, seed=3, generation=GEN, **kwargs)
+    module.policy.to(dtype)
+    return module
+
+
+def _experience(module, rows, mu_above_one, kl):
+    """A scored rollout with advantages of both signs; μ > 1: old (and behaviour) log-probs that differ
+    from the current ones, so ratios move off 1 and clipping acts; KL: reference log-probs alike."""
+    batch = dict(prompt=[r["prompt"] for r in rows[:4]], answer=[r["answer"] for r in rows[:4]])
+    exp, _ = collect.rollout(module.engine, module.tokenizer, batch, module.group_size, module.sampling, 1, "cpu")
+    score_experience(exp, module.rewards)
+    g = torch.Generator().manual_seed(0)
+    dtype = next(module.policy.parameters()).dtype
+    exp.advantages = torch.randn(len(exp), generator=g, dtype=dtype)
+    with torch.no_grad():
+        logp, _ = module.policy_logprobs(exp)
+    shifted = lambda s: (logp + s * torch.randn(logp.shape, generator=g, dtype=logp.dtype)).to(dtype)  # noqa: E731
+    exp.behaviour_logprobs = shifted(0.3)
+    if mu_above_one:
+        exp.old_logprobs = shifted(0.3)
+    if kl:
+        exp.ref_logprobs = shifted(0.5)
+    return exp
+
+
+def _both_paths(module, exp):
+    """(loss, metrics, logp, grads) on the forward-pass path, then the same on the recompute path."""
+    out = []
+    for mode in ("forward", "recompute"):
+        module.head_in_forward.mode = mode
+        params = [p for p in module.policy.parameters() if p.requires_grad]
+        loss, metrics, logp = module.loss_and_logprobs(exp)
+        assert (type(loss.grad_fn).__name__ == "_InjectedBackward") == (mode == "forward")  # the path taken
+        out.append((loss, metrics, logp, torch.autograd.grad(loss, params)))
+    return out
+
+
+def _assert_same(forward, recompute, dtype):
+    atol, rtol = TOL[dtype]
+    (l1, m1, p1, g1), (l2, m2, p2, g2) = forward, recompute
+    assert torch.allclose(l1, l2, atol=atol, rtol=rtol), (l1.item(), l2.item())
+    assert m1.keys() == m2.keys()
+    for key in m1:  # metrics are float32 sums (`token_mean`) whatever the dtype
+        assert m1[key] == pytest.approx(m2[key], rel=2e-5, abs=1e-7), key
+    assert torch.allclose(p1, p2.to(p1.dtype), atol=atol, rtol=rtol)
+    assert max(g.abs().max().item() for g in g2) > 1e-4  # the gradients compared are not all zero
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, atol=atol, rtol=rtol), (a - b).abs().max().item()
+
+
+@pytest.fixture
+def three_row_chunks(monkeypatch):
+    """Chunks of 3 rows (the 16 rows of a rollout: 6 chunks, the last one short)."""
+    monkeypatch.setattr(kernel, "BUDGET_BYTES", 3 * GEN["max_new_tokens"] * (len(task.SPECIALS) + len(task.SYMBOLS)) * 4)
+
+
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES.names())
+@pytest.mark.parametrize("mu_above_one", [False, True])
+def test_every_policy_loss_matches_the_recompute_path(warm_start_dir, arithmetic_rows, three_row_chunks,
+                                                      policy_loss, mu_above_one):
+    module = _module(warm_start_dir, policy_loss=policy_loss, kl_coef=0.2, entropy_coef=0.05)
+    exp = _experience(module, arithmetic_rows, mu_above_one, kl=True)
+    _assert_same(*_both_paths(module, exp), torch.float32)
+
+
+@pytest.mark.parametrize("aggregation", list(AGGREGATIONS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_aggregation_matches_in_fp32_and_fp64(warm_start_dir, arithmetic_rows, three_row_chunks,
+                                                    aggregation, dtype):
+    module = _module(warm_start_dir, dtype, loss_aggregation=aggregation, kl_coef=0.1, entropy_coef=0.02)
+    exp = _experience(module, arithmetic_rows, mu_above_one=True, kl=True)
+    _assert_same(*_both_paths(module, exp), dtype)
+
+
+def test_lora_head_and_no_kl_no_entropy_match(warm_start_dir, arithmetic_rows, three_row_chunks):
+    """A LoRA on the head: its gradient reaches the adapters through the effective weight."""
+    module = _module(warm_start_dir, lora=dict(r=4, lora_alpha=8, target_modules="all-linear"))
+    exp = _experience(module, arithmetic_rows, mu_above_one=False, kl=False)
+    forward, recompute = _both_paths(module, exp)
+    _assert_same(forward, recompute, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("sub_rows", [2, 32])
+def test_kernel_matches_autograd_through_full_logits(monkeypatch, dtype, rows, sub_rows):
+    """Elementwise passes over sub-blocks of 2 rows and over the whole chunk; bias, a temperature, a loss in log-probs and entropies that mixes rows' values only through
+    global constants; the head and decoder gradients and the loss against the naive path."""
+    monkeypatch.setattr(kernel, "SUB_ROWS", sub_rows)
+    g = torch.Generator().manual_seed(1)
+    n, c, h, v, temp = 5, 3, 16, 97, 0.7
+    hidden = torch.randn(n, c, h, generator=g, dtype=dtype, requires_grad=True)
+    weight = torch.randn(v, h, generator=g, dtype=dtype, requires_grad=True)
+    bias = torch.randn(v, generator=g, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, v, (n, c), generator=g)
+    adv, mask = torch.randn(n, 1, generator=g, dtype=dtype), (torch.rand(n, c, generator=g) > 0.2).to(dtype)
+
+    def objective(span, logp, entropy):
+        ratio = (logp - logp.detach() * 0.9).exp()
+        return ((-ratio * adv[span] - 0.1 * entropy + 0.05 * logp ** 2) * mask[span]).sum() / mask.sum(), None
+
+    loss, logp, ent, _ = head_loss_in_forward(hidden, weight, bias, targets, temp, objective, rows)
+    got = torch.autograd.grad(loss, [hidden, weight, bias])
+    ref_logp, ref_ent = reference_logprobs(hidden, weight, targets, bias=bias, temperature=temp)
+    ref_loss = objective(slice(0, n), ref_logp, ref_ent)[0]
+    want = torch.autograd.grad(ref_loss, [hidden, weight, bias])
+    atol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert torch.allclose(loss, ref_loss, atol=atol)
+    assert torch.allclose(logp, ref_logp.detach(), atol=atol) and torch.allclose(ent, ref_ent.detach(), atol=atol)
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, atol=atol, rtol=1e-4), (a - b).abs().max().item()
+
+
+def test_a_non_finite_gradient_stops_naming_the_rows():
+    hidden, weight = torch.randn(4, 2, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
+    targets = torch.zeros(4, 2, dtype=torch.long)
+
+    def objective(span, logp, entropy):
+        scale = torch.full_like(logp, float("nan")) if span.start == 2 else torch.ones_like(logp)
+        return (logp * scale).sum(), None
+
+    with pytest.raises(FloatingPointError, match="rows 2..3"):
+        head_loss_in_forward(hidden, weight, None, targets, 1.0, objective, 2)
+
+
+def test_paths_that_cannot_take_it_fall_back_and_say_so_once(warm_start_dir, arithmetic_rows, caplog):
+    """top_entropy_quantile < 1 in one pass needs every entropy first: the recompute path, said once."""
+    module = _module(warm_start_dir, top_entropy_quantile=0.5)
+    exp = _experience(module, arithmetic_rows, mu_above_one=False, kl=False)
+    with caplog.at_level(logging.INFO, logger="lightning_rlpt.stages.head_in_forward"):
+        module.loss_and_logprobs(exp)
+        module.loss_and_logprobs(exp)
+    said = [r for r in caplog.records if "recomputed in the backward" in r.getMessage()]
+    assert len(said) == 1 and "top_entropy_quantile" in said[0].getMessage()
+    with pytest.raises(ValueError, match="head_gradient='backward'"):
+        _module(warm_start_dir, head_gradient="backward")
