@@ -10,7 +10,8 @@ Three GEMMs of ``tokens × H × V`` instead of the four of the recompute path.
 
 The recompute path (`kernels.fused_logprobs` under autograd) is taken, and said once per
 reason, when this one cannot be: ``head_gradient="recompute"``, no fused kernel for the head
-(soft-capped logits, FSDP2, DoRA or LoRA dropout on the head), a high-entropy threshold
+(soft-capped logits, FSDP2, DoRA or LoRA dropout on the head), a bf16 or fp16 head weight (its
+float32 copy would cost ``4·V·H`` bytes), a high-entropy threshold
 (``top_entropy_quantile`` < 1: the tokens that tie it must see the entropies that set it), or
 one row's logits over the chunk budget (``kernels.head_in_forward.BUDGET_BYTES``).
 See docs/kernels.md.
@@ -52,6 +53,9 @@ class HeadInForward:
         head = linear_head(module.policy, module.hparams.use_fused_kernel)
         if isinstance(head, str):
             return self._no(head)
+        if head[0].dtype not in (torch.float32, torch.float64):
+            return self._no(f"the head's weight is {head[0].dtype}: this path would hold a float32 copy of it "
+                            "(the recompute path casts it tile by tile)")
         from lightning_rlpt.kernels import rows_per_chunk
 
         width, vocab = mb.completion_ids.shape[1], head[0].shape[0]

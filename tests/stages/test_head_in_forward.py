@@ -156,3 +156,14 @@ def test_paths_that_cannot_take_it_fall_back_and_say_so_once(warm_start_dir, ari
     assert len(said) == 1 and "top_entropy_quantile" in said[0].getMessage()
     with pytest.raises(ValueError, match="head_gradient='backward'"):
         _module(warm_start_dir, head_gradient="backward")
+
+
+def test_a_bf16_head_weight_takes_the_recompute_path(warm_start_dir, arithmetic_rows, caplog):
+    """A float32 copy of a bf16 head would cost 4·V·H bytes: the tile-by-tile recompute path instead."""
+    module = _module(warm_start_dir)
+    exp = _experience(module, arithmetic_rows, mu_above_one=False, kl=False)
+    module.policy.to(torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="lightning_rlpt.stages.head_in_forward"):
+        loss = module.loss_and_logprobs(exp)[0]
+    assert type(loss.grad_fn).__name__ != "_InjectedBackward"
+    assert any("torch.bfloat16" in r.getMessage() for r in caplog.records)
