@@ -27,6 +27,7 @@ import errno
 import glob
 import os
 import shutil
+import stat
 import tempfile
 import zipfile
 from typing import Any, BinaryIO, Callable, Iterator
@@ -55,6 +56,21 @@ def temp_path(path: str) -> str:
     return temp
 
 
+def file_mode(path: str) -> int:
+    """The mode a plain ``open(path, "w")`` leaves: the file's own when it exists, else 0666 less
+    the process's umask (read from /proc: setting the umask to read it is a race with other threads)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        pass
+    try:
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration):
+        umask = 0o022
+    return 0o666 & ~umask
+
+
 def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write(file)`` on a temp file beside ``path``, fsync it, rename it to ``path``, fsync
     the directory. On any failure (a full disk, an exception in ``write``) the temp is removed and
@@ -71,6 +87,7 @@ def atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
     os.makedirs(directory, exist_ok=True)
     temp = temp_path(path)
     try:
+        os.chmod(temp, file_mode(path))  # mkstemp made it 0600: a shared checkpoint folder could not read it
         with open(temp, "wb") as f:
             write(f)
             f.flush()

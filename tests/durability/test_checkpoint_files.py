@@ -147,3 +147,22 @@ def test_an_export_of_an_empty_checkpoint_is_refused_naming_it(tmp_path):
     (tmp_path / "last.ckpt").write_bytes(b"")
     with pytest.raises(CheckpointFileError, match=r"last.ckpt' is empty \(0 bytes\)"):
         export.export_checkpoint(str(tmp_path / "last.ckpt"), str(tmp_path / "out"))
+
+
+def test_an_atomic_write_leaves_the_mode_a_plain_write_would(tmp_path):
+    """mkstemp makes its temp 0600: renamed as it is, a checkpoint in a folder shared with a group
+    (an evaluation job, a colleague) could not be read. A new file gets 0666 less the umask; a
+    file written over keeps its own mode."""
+    from lightning_rlpt.checkpoint_io import atomic_write
+
+    old = os.umask(0o027)
+    try:
+        atomic_write(str(tmp_path / "new.ckpt"), lambda f: f.write(b"x"))
+        (tmp_path / "kept.ckpt").write_bytes(b"old")
+        os.chmod(tmp_path / "kept.ckpt", 0o604)
+        atomic_write(str(tmp_path / "kept.ckpt"), lambda f: f.write(b"new"))
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / "new.ckpt").st_mode & 0o777) == oct(0o640)
+    assert oct(os.stat(tmp_path / "kept.ckpt").st_mode & 0o777) == oct(0o604)
+    assert (tmp_path / "kept.ckpt").read_bytes() == b"new"
