@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 
-from lightning_rlpt.model.precision import precision_dtype, refuse_fp16_on_cpu
+from lightning_rlpt.model.precision import precision_dtype, check_cpu_precision
 from lightning_rlpt.model.weights import check_not_repacked, policy_weights
 from lightning_rlpt.rollout.context import context_length, model_config
 from lightning_rlpt.rollout.vllm.checks import import_vllm
@@ -89,7 +89,7 @@ class VLLMRollout(EngineCallback):
         if stage != "fit" and not (stage == "validate" and self.validate):
             return
         import_vllm()  # fail first, with the install command, if vLLM is missing
-        refuse_fp16_on_cpu(trainer)
+        check_cpu_precision(trainer)
         self.check_fit(trainer, pl_module)
         self._check(pl_module)
         # The precision plugin converts the policy only after setup: take the dtype from the trainer.

@@ -27,7 +27,7 @@ from .metrics import pass_at_k_metrics
 from .model.distributed import is_model_parallel, reduce_over_ranks, shard_with_fsdp2
 from .model.logprobs import check_head, check_padding_free
 from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
-from .model.precision import refuse_fp16_on_cpu, warn_lost_updates
+from .model.precision import check_cpu_precision, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory, run_steps
 from .quiet import hide_lightning_tips
@@ -346,7 +346,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
 
     def configure_model(self) -> None:
         """Check the precision; under ``ModelParallelStrategy``, shard the policy (and a full-FT reference) with FSDP2."""
-        refuse_fp16_on_cpu(self._trainer)
+        check_cpu_precision(self._trainer)
         self.rewards.to(self._trainer.strategy.root_device)  # reward models: outside the module tree, a full copy per rank
         if is_model_parallel(self._trainer) and not getattr(self, "_sharded", False):
             mesh = self.device_mesh["data_parallel"]

@@ -14,10 +14,13 @@ reference of a full fine-tune follow it together:
 Log-softmax runs in fp32 either way: the fused kernel accumulates in fp32 with autocast off
 inside it, the plain path casts the logits to fp32 first; the loss is fp32.
 
-fp16 on CPU is refused (`refuse_fp16_on_cpu`): PyTorch has no fp16 autocast on CPU (Lightning
-itself turns ``"16-mixed"`` on a CPU accelerator into ``"bf16-mixed"`` with a warning), and a
-``"16-true"`` fit on CPU died in its first rollout (``probability tensor contains either inf,
-nan or element < 0``).
+`check_cpu_precision` refuses, before any rollout, fp16 on CPU: PyTorch has no fp16 autocast on
+CPU (Lightning itself turns ``"16-mixed"`` on a CPU accelerator into ``"bf16-mixed"`` with a
+warning), and a ``"16-true"`` fit on CPU died in its first rollout (``probability tensor contains
+either inf, nan or element < 0``). It refuses bf16 on a CPU without bf16 instructions
+(``avx512_bf16`` / ``amx_bf16`` on x86, ``bf16`` on Arm, read from ``/proc/cpuinfo``): PyTorch
+then converts every bf16 product to fp32 and back, slower than fp32 and rounded like bf16, the
+worst of both. Where ``/proc/cpuinfo`` cannot be read the CPU is not judged.
 """
 from __future__ import annotations
 
@@ -41,10 +44,29 @@ def precision_dtype(precision: Any) -> torch.dtype | None:
     return _DTYPES.get(str(precision).split("-")[0])
 
 
-def refuse_fp16_on_cpu(trainer: Any) -> None:
-    """Fail before any rollout when the run would compute in fp16 on a CPU."""
+def cpu_bf16_flags(path: str = "/proc/cpuinfo") -> set[str] | None:
+    """The CPU's bf16 instruction flags (empty: none), or None when ``path`` cannot be read."""
+    try:
+        with open(path) as f:
+            words = {w for line in f if line.startswith(("flags", "Features")) for w in line.split()}
+    except OSError:
+        return None
+    return words & {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+def check_cpu_precision(trainer: Any) -> None:
+    """Fail before any rollout when the run would compute in fp16 on a CPU, or in bf16 on a CPU
+    without bf16 instructions."""
     precision = str(trainer.precision)
-    if precision_dtype(precision) == torch.float16 and trainer.strategy.root_device.type == "cpu":
+    if trainer.strategy.root_device.type != "cpu":
+        return
+    if precision_dtype(precision) == torch.bfloat16 and cpu_bf16_flags() == set():
+        raise ValueError(
+            f"precision={precision!r} computes in bfloat16, and this CPU has no bf16 instructions (none of "
+            "avx512_bf16, amx_bf16 (x86) or bf16 (Arm) in /proc/cpuinfo): PyTorch would convert every bf16 product to fp32 and "
+            "back, slower than fp32 and rounded like bf16. Use precision='32-true' here, or a CPU (or GPU) with "
+            "bf16 support")
+    if precision_dtype(precision) == torch.float16:
         raise ValueError(
             f"precision={precision!r} computes in float16 on CPU, which is not supported: PyTorch has no fp16 "
             "autocast on CPU, and fp16 weights there gave NaN sampling probabilities in the first rollout. Use "

@@ -192,3 +192,29 @@ def test_lost_update_fraction_by_hand():
                                               ("32-true", None), ("64-true", None), ("transformer-engine", None)])
 def test_precision_dtype(precision, dtype):
     assert precision_dtype(precision) == dtype
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_refused_before_any_rollout(monkeypatch, warm_start_dir,
+                                                                               arithmetic_rows):
+    from lightning_rlpt.model import precision
+
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: set())
+    module, counter = make(warm_start_dir), CountRollouts()
+    trainer = quiet_trainer(max_steps=1, callbacks=[counter], precision="bf16-mixed")
+    with pytest.raises(ValueError, match=r"precision='bf16-mixed' computes in bfloat16, and this CPU has no bf16 "
+                                         r"instructions.*Use precision='32-true'"):
+        trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
+    assert counter.rollouts == 0 and module.policy_version == 0
+
+
+def test_the_cpus_bf16_flags_are_read_from_cpuinfo(tmp_path):
+    from lightning_rlpt.model.precision import cpu_bf16_flags
+
+    x86, arm = tmp_path / "x86", tmp_path / "arm"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n")
+    assert cpu_bf16_flags(str(x86)) == set()
+    assert cpu_bf16_flags(str(arm)) == {"bf16"}
+    x86.write_text("flags\t\t: fpu avx512f avx512_bf16 amx_bf16\n")
+    assert cpu_bf16_flags(str(x86)) == {"avx512_bf16", "amx_bf16"}
+    assert cpu_bf16_flags(str(tmp_path / "absent")) is None  # not judged
