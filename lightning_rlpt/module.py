@@ -131,7 +131,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
         head_gradient: ``"forward"`` forms the head's gradient in the loss's forward pass where the head
             and options allow (three GEMMs, not four: `stages.head_in_forward`); ``"recompute"`` always
-            recomputes the logits in the backward.
+            recomputes the logits in the backward; ``"auto"``: forward on CPU, recompute on GPU.
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
             (see `algorithms.correction`); ``"auto"``: ``token_tis``, or None for losses that correct
@@ -202,7 +202,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         max_grad_norm: float | None = 1.0,
         reference: bool | None = None,
         reference_dtype: str | None = None, reference_offload: bool = False,
-        use_fused_kernel: bool = True, head_gradient: str = "forward",
+        use_fused_kernel: bool = True, head_gradient: str = "auto",
         rollout_correction: str | None = "auto",
         rollout_correction_cap: float = 2.0,
         rollout_correction_kl: bool = False,

@@ -9,7 +9,8 @@ the kernel turns that into the head's gradients while the chunk's logits are sti
 Three GEMMs of ``tokens × H × V`` instead of the four of the recompute path.
 
 The recompute path (`kernels.fused_logprobs` under autograd) is taken, and said once per
-reason, when this one cannot be: ``head_gradient="recompute"``, no fused kernel for the head
+reason, when this one cannot be: ``head_gradient="recompute"``, ``"auto"`` (the default) off
+CPU (not yet measured on a GPU), no fused kernel for the head
 (soft-capped logits, FSDP2, DoRA or LoRA dropout on the head), a bf16 or fp16 head weight (its
 float32 copy would cost ``4·V·H`` bytes), a high-entropy threshold
 (``top_entropy_quantile`` < 1: the tokens that tie it must see the entropies that set it), or
@@ -29,23 +30,27 @@ from ..model.logprobs import completion_hidden, linear_head
 from .step_metrics import add_metrics
 
 log = logging.getLogger(__name__)
-HEAD_GRADIENTS = ("forward", "recompute")
+HEAD_GRADIENTS = ("auto", "forward", "recompute")
 
 
 class HeadInForward:
     """Which path the update's head takes, and the forward-pass one (``module`` is the `RLModule`)."""
 
-    def __init__(self, mode: str = "forward"):
+    def __init__(self, mode: str = "auto"):
         if mode not in HEAD_GRADIENTS:
             raise ValueError(f"head_gradient={mode!r}: choose 'forward' (the head's gradient formed in the forward "
-                             "pass where the objective and head allow, docs/kernels.md) or 'recompute'")
+                             "pass where the objective and head allow, docs/kernels.md), 'recompute', or 'auto' "
+                             "(forward on CPU, recompute on GPU, where the forward path is not yet measured)")
         self.mode, self.said = mode, set()
 
     def eligible(self, module: Any, mb: Experience, entropy_threshold: torch.Tensor | None,
                  kept_tokens: float | None) -> bool:
         """Whether this loss forward can take the forward-pass path (the reason said once if not)."""
-        if self.mode != "forward" or not torch.is_grad_enabled():
+        if self.mode == "recompute" or not torch.is_grad_enabled():
             return False
+        if self.mode == "auto" and module.device.type != "cpu":
+            return self._no(f"head_gradient='auto' on {module.device.type}: the forward-pass path is measured on CPU "
+                            "only so far (the Triton kernels recompute on GPU); head_gradient='forward' forces it")
         if module.hparams.top_entropy_quantile < 1:
             return self._no("top_entropy_quantile < 1: the high-entropy threshold is a quantile of the fused "
                             "kernel's entropies, and a token whose entropy ties it must be compared with the same "

@@ -158,6 +158,16 @@ def test_paths_that_cannot_take_it_fall_back_and_say_so_once(warm_start_dir, ari
         _module(warm_start_dir, head_gradient="backward")
 
 
+def test_auto_takes_the_forward_path_on_cpu_and_recomputes_elsewhere(warm_start_dir, arithmetic_rows, caplog):
+    module = _module(warm_start_dir)
+    assert module.head_in_forward.mode == "auto"
+    exp = _experience(module, arithmetic_rows, mu_above_one=False, kl=False)
+    assert type(module.loss_and_logprobs(exp)[0].grad_fn).__name__ == "_InjectedBackward"
+    with caplog.at_level(logging.INFO, logger="lightning_rlpt.stages.head_in_forward"):
+        assert not module.head_in_forward.eligible(type("OnGPU", (), {"device": torch.device("cuda")})(), exp, None, None)
+    assert "head_gradient='auto' on cuda" in caplog.text
+
+
 def test_a_bf16_head_weight_takes_the_recompute_path(warm_start_dir, arithmetic_rows, caplog):
     """A float32 copy of a bf16 head would cost 4·V·H bytes: the tile-by-tile recompute path instead."""
     module = _module(warm_start_dir)
