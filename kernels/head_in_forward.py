@@ -36,9 +36,15 @@ BUDGET_BYTES = 32 * 2**20
 SUB_ROWS = 32
 
 
-def rows_per_chunk(completion_len: int, vocab: int, budget_bytes: int | None = None) -> int:
-    """Rows whose ``[rows × C, V]`` float32 logits fit ``budget_bytes``; 0 when one row's do not."""
-    per_row = completion_len * vocab * 4
+def rows_per_chunk(completion_len: int, vocab: int, budget_bytes: int | None = None, itemsize: int = 4) -> int:
+    """Rows whose ``[rows × C, V]`` logits (``itemsize`` bytes each: 4 for float32, 8 for float64)
+    fit ``budget_bytes``; 0 when one row's do not.
+
+    Examples:
+        >>> rows_per_chunk(32, 32000), rows_per_chunk(55, 151936), rows_per_chunk(56, 151936)
+        (8, 1, 0)
+    """
+    per_row = completion_len * vocab * itemsize
     return int((budget_bytes or BUDGET_BYTES) // max(per_row, 1))
 
 
@@ -52,9 +58,14 @@ class _Injected(torch.autograd.Function):
         return value.clone()
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the gradients are numbers: a double backward must fail, not drop terms
     def backward(ctx, grad: Tensor):
-        d_hidden, d_weight, d_bias = ctx.grads
-        scaled = [None if d is None else d * grad.to(d.dtype) for d in (d_hidden, d_weight, d_bias)]
+        grads, ctx.grads = ctx.grads, None  # freed with the backward, not when the loss is dropped
+        if grads is None:
+            raise RuntimeError("a second backward through a loss whose head gradient was formed in the forward pass "
+                               "(its gradients were handed out by the first): compute the loss again, or use "
+                               "RLModule(head_gradient='recompute')")
+        scaled = [None if d is None else d.mul_(grad.to(d.dtype)) for d in grads]
         return (None, *scaled, None)
 
 
@@ -102,7 +113,7 @@ def head_loss_in_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
         temperature: logits are divided by it.
         chunk_loss: ``(rows, logp [r, C], entropy [r, C]) -> (loss share, anything)``: the objective on
             rows ``rows`` alone, its shares adding up to the whole loss (global normalisers).
-        rows: rows per chunk (`rows_per_chunk`), at least 1.
+        rows: rows per chunk (`rows_per_chunk` with the accumulation dtype's item size), at least 1.
 
     Returns:
         ``(loss, logp [N, C], entropy [N, C], extras)``: the loss differentiable in ``hidden``,

@@ -131,7 +131,9 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         use_fused_kernel: compute log-probs with the fused kernel where the head allows.
         head_gradient: ``"forward"`` forms the head's gradient in the loss's forward pass where the head
             and options allow (three GEMMs, not four: `stages.head_in_forward`); ``"recompute"`` always
-            recomputes the logits in the backward; ``"auto"``: forward on CPU, recompute on GPU.
+            recomputes the logits in the backward; ``"auto"``: forward on CPU, recompute on GPU. Chunks are
+            whole rows of at most 32 MiB of logits: e.g. completions up to 262 tokens at a vocabulary of 32,000
+            (docs/kernels.md); longer ones recompute.
         rollout_correction: train/inference mismatch correction when the engine reports
             behaviour log-probs: ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis`` or None
             (see `algorithms.correction`); ``"auto"``: ``token_tis``, or None for losses that correct

@@ -36,6 +36,8 @@ HEAD_GRADIENTS = ("auto", "forward", "recompute")
 class HeadInForward:
     """Which path the update's head takes, and the forward-pass one (``module`` is the `RLModule`)."""
 
+    _head: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by `eligible`, taken by `loss`
+
     def __init__(self, mode: str = "auto"):
         if mode not in HEAD_GRADIENTS:
             raise ValueError(f"head_gradient={mode!r}: choose 'forward' (the head's gradient formed in the forward "
@@ -64,8 +66,10 @@ class HeadInForward:
         from lightning_rlpt.kernels import rows_per_chunk
 
         width, vocab = mb.completion_ids.shape[1], head[0].shape[0]
-        if rows_per_chunk(width, vocab) < 1:
-            return self._no(f"one row's {width} × {vocab} logits are over the chunk budget")
+        if rows_per_chunk(width, vocab, itemsize=_itemsize(module, head[0])) < 1:
+            return self._no(f"one row's {width} × {vocab} logits are over the chunk budget (completions of at most "
+                            f"{_widest(vocab, _itemsize(module, head[0]))} tokens at this vocabulary)")
+        self._head = head  # `loss` uses it: a LoRA head's effective weight is built once
         return True
 
     def _no(self, reason: str) -> bool:
@@ -80,12 +84,12 @@ class HeadInForward:
         """`PolicyUpdate.loss_and_logprobs` by row chunks: ``(loss, metrics, detached log-probs)``."""
         from lightning_rlpt.kernels import head_loss_in_forward, rows_per_chunk
 
-        weight, bias = linear_head(module.policy, module.hparams.use_fused_kernel)
+        (weight, bias), self._head = self._head, None
         width = mb.completion_ids.shape[1]
         counts = (*counts[:2], counts[2] if len(counts) > 2 else mask.sum().item())  # bnpo: this rank's tokens
         attention = span_mask(mb) if module.micro_batching.padding_free else mb.attention_mask
         hidden = completion_hidden(module.policy, mb.input_ids, attention, width, module.micro_batching.padding_free)
-        rows = rows_per_chunk(width, weight.shape[0])
+        rows = rows_per_chunk(width, weight.shape[0], itemsize=_itemsize(module, weight))
 
         def chunk_loss(span: slice, logp: torch.Tensor, entropy: torch.Tensor):
             part = mb.select(list(range(span.start, span.stop)))
@@ -98,3 +102,17 @@ class HeadInForward:
         for part in parts:
             add_metrics(metrics, part)
         return loss, metrics, logp
+
+
+def _itemsize(module: Any, weight: torch.Tensor) -> int:
+    """Bytes per logit in the chunk's buffer: the kernel accumulates in float64 when either the
+    hidden states (the policy's dtype) or the head is float64, else float32."""
+    policy = next(module.policy.parameters()).dtype
+    return 8 if torch.float64 in (weight.dtype, policy) else 4
+
+
+def _widest(vocab: int, itemsize: int) -> int:
+    """The longest completion whose one row fits the chunk budget."""
+    from lightning_rlpt.kernels import head_in_forward
+
+    return head_in_forward.BUDGET_BYTES // (vocab * itemsize)

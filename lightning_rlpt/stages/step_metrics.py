@@ -39,7 +39,9 @@ def clip_extremes(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[st
             fractions = stats[stat].detach().float().tolist()
         elif stat in stats:
             fractions = ((stats[stat].detach().float() * mask).sum(-1)[rows] / tokens[rows]).tolist()
-            out[name] = pick(fractions) if fractions else (math.inf if pick is min else -math.inf)
+        else:
+            continue
+        out[name] = pick(fractions) if fractions else (math.inf if pick is min else -math.inf)
     return out
 
 

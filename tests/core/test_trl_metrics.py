@@ -165,3 +165,10 @@ def test_num_tokens_continues_across_a_resume(warm_start_dir, arithmetic_rows, t
     tokens = [straight[s]["num_tokens"] for s in sorted(straight)]
     assert tokens[1] > tokens[0] > 0
     assert [resumed[s]["num_tokens"] for s in sorted(resumed)] == tokens
+
+
+def test_clip_extremes_of_one_decision_per_sequence_are_every_rows():
+    """GSPO's clip decisions are one per sequence ([N]); TRL's masked_seq_mean takes them as they are,
+    so low_min / high_max are their min / max (they were left out before)."""
+    stats = {"clip_ratio/low": torch.tensor([0.0, 1.0, 1.0]), "clip_ratio/high": torch.tensor([0.0, 0.0, 1.0])}
+    assert clip_extremes(stats, torch.ones(3, 4)) == {"clip_ratio/low_min": 0.0, "clip_ratio/high_max": 1.0}

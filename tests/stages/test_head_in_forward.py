@@ -177,3 +177,25 @@ def test_a_bf16_head_weight_takes_the_recompute_path(warm_start_dir, arithmetic_
         loss = module.loss_and_logprobs(exp)[0]
     assert type(loss.grad_fn).__name__ != "_InjectedBackward"
     assert any("torch.bfloat16" in r.getMessage() for r in caplog.records)
+
+
+def test_the_injected_gradients_are_freed_by_the_backward_and_cannot_be_differentiated_again():
+    """The loss holds d hidden and d W ([V, H]) until its backward, not until it is dropped (the
+    next micro-batch's forward would otherwise run beside them); a second backward, or a backward
+    through the gradient (second order), is refused rather than answered with dropped terms."""
+    hidden, weight = torch.randn(2, 3, 8, requires_grad=True), torch.randn(11, 8, requires_grad=True)
+    targets = torch.zeros(2, 3, dtype=torch.long)
+    loss = head_loss_in_forward(hidden, weight, None, targets, 1.0, lambda s, lp, e: (-lp.sum(), None), 1)[0]
+    assert loss.grad_fn.grads[1].shape == (11, 8)
+    loss.backward(retain_graph=True)
+    assert loss.grad_fn.grads is None and weight.grad is not None
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+    loss = head_loss_in_forward(hidden, weight, None, targets, 1.0, lambda s, lp, e: (-lp.sum(), None), 1)[0]
+    (g,) = torch.autograd.grad(loss, hidden, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+def test_the_budget_counts_float64_logits_as_eight_bytes():
+    assert kernel.rows_per_chunk(32, 32000) == 2 * kernel.rows_per_chunk(32, 32000, itemsize=8) == 8
