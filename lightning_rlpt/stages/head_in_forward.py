@@ -11,7 +11,8 @@ Three GEMMs of ``tokens × H × V`` instead of the four of the recompute path.
 The recompute path (`kernels.fused_logprobs` under autograd) is taken, and said once per
 reason, when this one cannot be: ``head_gradient="recompute"``, ``"auto"`` (the default) off
 CPU (not yet measured on a GPU), no fused kernel for the head
-(soft-capped logits, FSDP2, DoRA or LoRA dropout on the head), a bf16 or fp16 head weight (its
+(soft-capped logits, FSDP2, DoRA or LoRA dropout on the head), an overridden
+``policy_logprobs`` (this path would not call it), a bf16 or fp16 head weight (its
 float32 copy would cost ``4·V·H`` bytes), a high-entropy threshold
 (``top_entropy_quantile`` < 1: the tokens that tie it must see the entropies that set it), or
 one row's logits over the chunk budget (``kernels.head_in_forward.BUDGET_BYTES``).
@@ -57,6 +58,9 @@ class HeadInForward:
             return self._no("top_entropy_quantile < 1: the high-entropy threshold is a quantile of the fused "
                             "kernel's entropies, and a token whose entropy ties it must be compared with the same "
                             "kernel's value (this path's full-vocabulary entropy can differ in the last bit)")
+        if _overrides_policy_logprobs(module):
+            return self._no("policy_logprobs is overridden (a subclass or the instance): this path runs the decoder "
+                            "and the head itself and would not call it")
         head = linear_head(module.policy, module.hparams.use_fused_kernel)
         if isinstance(head, str):
             return self._no(head)
@@ -116,3 +120,11 @@ def _widest(vocab: int, itemsize: int) -> int:
     from lightning_rlpt.kernels import head_in_forward
 
     return head_in_forward.BUDGET_BYTES // (vocab * itemsize)
+
+
+def _overrides_policy_logprobs(module: Any) -> bool:
+    """Whether ``module.policy_logprobs`` is another than `RLModule`'s own."""
+    if "policy_logprobs" in vars(module):
+        return True
+    owner = next(c for c in type(module).__mro__ if "policy_logprobs" in vars(c))
+    return owner.__module__ != "lightning_rlpt.module"

@@ -19,9 +19,13 @@ MODES = ("token_tis", "seq_tis", "token_mis", "seq_mis")
 
 
 def _module(model_dir, **kwargs):
+    # δ is set against `policy_logprobs` (the fused kernel), and the weights by hand assume the loss
+    # sees those very log-probs: the forward-pass head path's agree only to fp32 rounding (~1e-7),
+    # which seq_tis's exp(Σδ) carries past this test's tolerance. The head paths' own equality is
+    # tests/stages/test_head_in_forward.py's.
     return RLModule(model_dir, reward_funcs=[task.exact_answer], group_size=4, lr=1e-3, seed=5, seed_per_prompt=True,
                     generation=dict(max_new_tokens=5, max_prompt_length=8), max_grad_norm=None,
-                    loss_aggregation="token-mean", rollout_correction_cap=CAP, **kwargs)
+                    loss_aggregation="token-mean", rollout_correction_cap=CAP, head_gradient="recompute", **kwargs)
 
 
 def _experience(module, rows):

@@ -199,3 +199,24 @@ def test_the_injected_gradients_are_freed_by_the_backward_and_cannot_be_differen
 
 def test_the_budget_counts_float64_logits_as_eight_bytes():
     assert kernel.rows_per_chunk(32, 32000) == 2 * kernel.rows_per_chunk(32, 32000, itemsize=8) == 8
+
+
+def test_an_overridden_policy_logprobs_is_called(warm_start_dir, arithmetic_rows):
+    """The forward-pass path runs the decoder and head itself: a subclass's or an instance's
+    policy_logprobs (the parity tests feed a peer's log-probs through it) takes the recompute path."""
+    module = _module(warm_start_dir)
+    exp = _experience(module, arithmetic_rows, mu_above_one=False, kl=False)
+    calls = []
+    original = module.policy_logprobs
+    module.policy_logprobs = lambda *a, **k: calls.append(1) or original(*a, **k)
+    module.loss_and_logprobs(exp)
+    assert calls == [1]
+
+    class Sub(RLModule):
+        def policy_logprobs(self, *a, **k):
+            calls.append(2)
+            return super().policy_logprobs(*a, **k)
+
+    sub = Sub(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, seed=3, generation=GEN)
+    sub.loss_and_logprobs(exp)
+    assert calls == [1, 2]
