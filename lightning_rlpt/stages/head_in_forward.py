@@ -46,8 +46,7 @@ class HeadInForward:
                              "(forward on CPU, recompute on GPU, where the forward path is not yet measured)")
         self.mode, self.said = mode, set()
 
-    def eligible(self, module: Any, mb: Experience, entropy_threshold: torch.Tensor | None,
-                 kept_tokens: float | None) -> bool:
+    def eligible(self, module: Any, mb: Experience) -> bool:
         """Whether this loss forward can take the forward-pass path (the reason said once if not)."""
         if self.mode == "recompute" or not torch.is_grad_enabled():
             return False
@@ -71,8 +70,8 @@ class HeadInForward:
 
         width, vocab = mb.completion_ids.shape[1], head[0].shape[0]
         if rows_per_chunk(width, vocab, itemsize=_itemsize(module, head[0])) < 1:
-            return self._no(f"one row's {width} × {vocab} logits are over the chunk budget (completions of at most "
-                            f"{_widest(vocab, _itemsize(module, head[0]))} tokens at this vocabulary)")
+            return self._no(f"a completion over {_widest(vocab, _itemsize(module, head[0]))} tokens: one row's logits "
+                            f"at vocabulary {vocab} are over the chunk budget (docs/kernels.md)")
         self._head = head  # `loss` uses it: a LoRA head's effective weight is built once
         return True
 

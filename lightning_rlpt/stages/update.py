@@ -181,7 +181,7 @@ class PolicyUpdate:
         mask = self.loss_mask(mb)
         if counts is None:
             counts = reduce_over_ranks(self._trainer, [mask.sum().item(), float(mask.shape[0])])
-        if self.head_in_forward.eligible(self, mb, entropy_threshold, kept_tokens):
+        if self.head_in_forward.eligible(self, mb):
             return self.head_in_forward.loss(self, mb, mask, counts, entropy_threshold, kept_tokens)
         logp, entropy = self.policy_logprobs(mb, with_entropy=True, entropy_grad=self.hparams.entropy_coef != 0)
         logp = logp if logp.dtype == torch.float64 else logp.float()  # the loss in fp32 at least, whatever the model's

@@ -164,7 +164,7 @@ def test_auto_takes_the_forward_path_on_cpu_and_recomputes_elsewhere(warm_start_
     exp = _experience(module, arithmetic_rows, mu_above_one=False, kl=False)
     assert type(module.loss_and_logprobs(exp)[0].grad_fn).__name__ == "_InjectedBackward"
     with caplog.at_level(logging.INFO, logger="lightning_rlpt.stages.head_in_forward"):
-        assert not module.head_in_forward.eligible(type("OnGPU", (), {"device": torch.device("cuda")})(), exp, None, None)
+        assert not module.head_in_forward.eligible(type("OnGPU", (), {"device": torch.device("cuda")})(), exp)
     assert "head_gradient='auto' on cuda" in caplog.text
 
 
@@ -199,6 +199,29 @@ def test_the_injected_gradients_are_freed_by_the_backward_and_cannot_be_differen
 
 def test_the_budget_counts_float64_logits_as_eight_bytes():
     assert kernel.rows_per_chunk(32, 32000) == 2 * kernel.rows_per_chunk(32, 32000, itemsize=8) == 8
+
+
+def test_a_completion_over_the_budget_recomputes_said_once_whatever_its_width(warm_start_dir, arithmetic_rows,
+                                                                              monkeypatch, caplog):
+    module = _module(warm_start_dir)
+    exp = _experience(module, arithmetic_rows, mu_above_one=False, kl=False)
+    monkeypatch.setattr(kernel, "BUDGET_BYTES", 15 * 4)  # one token of the 15-symbol vocabulary
+    with caplog.at_level(logging.INFO, logger="lightning_rlpt.stages.head_in_forward"):
+        for batch in (exp, _narrow(exp)):  # two widths, one reason
+            loss = module.loss_and_logprobs(batch)[0]
+            assert type(loss.grad_fn).__name__ != "_InjectedBackward"
+    said = [r.getMessage() for r in caplog.records if "recomputed" in r.getMessage()]
+    assert len(said) == 1 and "a completion over 1 tokens" in said[0]
+
+
+def _narrow(exp):
+    """The experience with its completions cut to 2 tokens."""
+    out = exp.select(list(range(len(exp))))
+    out.completion_ids, out.completion_mask = out.completion_ids[:, :2], out.completion_mask[:, :2]
+    for name in ("behaviour_logprobs", "old_logprobs", "ref_logprobs"):
+        if getattr(out, name) is not None:
+            setattr(out, name, getattr(out, name)[:, :2])
+    return out
 
 
 def test_an_overridden_policy_logprobs_is_called(warm_start_dir, arithmetic_rows):
