@@ -20,10 +20,12 @@ warning), and a ``"16-true"`` fit on CPU died in its first rollout (``probabilit
 either inf, nan or element < 0``). It refuses bf16 on a CPU without bf16 instructions
 (``avx512_bf16`` / ``amx_bf16`` on x86, ``bf16`` on Arm, read from ``/proc/cpuinfo``): PyTorch
 then converts every bf16 product to fp32 and back, slower than fp32 and rounded like bf16, the
-worst of both. Where ``/proc/cpuinfo`` cannot be read the CPU is not judged.
+worst of both; ``LIGHTNING_RLPT_ALLOW_SLOW_BF16=1`` runs it anyway (the test suite sets it: its bf16
+cases check correctness, not speed). Where ``/proc/cpuinfo`` cannot be read the CPU is not judged.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -31,6 +33,8 @@ from typing import Any
 import torch
 
 _DTYPES = {"bf16": torch.bfloat16, "16": torch.float16}
+# Set to "1" to run bf16 on a CPU without bf16 instructions anyway (correct, only slow).
+ALLOW_SLOW_BF16 = "LIGHTNING_RLPT_ALLOW_SLOW_BF16"
 
 
 def precision_dtype(precision: Any) -> torch.dtype | None:
@@ -60,12 +64,13 @@ def check_cpu_precision(trainer: Any) -> None:
     precision = str(trainer.precision)
     if trainer.strategy.root_device.type != "cpu":
         return
-    if precision_dtype(precision) == torch.bfloat16 and cpu_bf16_flags() == set():
+    if precision_dtype(precision) == torch.bfloat16 and cpu_bf16_flags() == set() \
+            and os.environ.get(ALLOW_SLOW_BF16) != "1":
         raise ValueError(
             f"precision={precision!r} computes in bfloat16, and this CPU has no bf16 instructions (none of "
             "avx512_bf16, amx_bf16 (x86) or bf16 (Arm) in /proc/cpuinfo): PyTorch would convert every bf16 product to fp32 and "
             "back, slower than fp32 and rounded like bf16. Use precision='32-true' here, or a CPU (or GPU) with "
-            "bf16 support")
+            f"bf16 support; {ALLOW_SLOW_BF16}=1 runs it anyway (e.g. to test a bf16 setup on a laptop)")
     if precision_dtype(precision) == torch.float16:
         raise ValueError(
             f"precision={precision!r} computes in float16 on CPU, which is not supported: PyTorch has no fp16 "

@@ -35,11 +35,29 @@ def single(tmp_path_factory):
     return _run("single", tmp_path_factory.mktemp("single"))
 
 
+@pytest.fixture(scope="module")
+def single_forward(tmp_path_factory):
+    """One process with the head's gradient formed in the forward pass (the DDP runs' reference)."""
+    return _run("single", tmp_path_factory.mktemp("single_forward"), *FORWARD)
+
+
+# DDP runs the forward-pass head path on both sides; FSDP2 recomputes (tests/scripts/distributed_fit.py).
+FORWARD = ("--head-gradient", "forward")
+
+
+def _reference(strategy, single, single_forward):
+    return single_forward if strategy == "ddp" else single
+
+
+def _head(strategy):
+    return FORWARD if strategy == "ddp" else ()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_two_processes_match_one(strategy, single, tmp_path):
-    rows, weights = _run(strategy, tmp_path)
-    ref_rows, ref_weights = single
+def test_two_processes_match_one(strategy, single, single_forward, tmp_path):
+    rows, weights = _run(strategy, tmp_path, *_head(strategy))
+    ref_rows, ref_weights = _reference(strategy, single, single_forward)
     assert len(rows) == len(ref_rows) == 3
     for step, (a, b) in enumerate(zip(ref_rows, rows)):
         assert a.keys() == b.keys()
@@ -53,13 +71,13 @@ def test_two_processes_match_one(strategy, single, tmp_path):
 @pytest.mark.parametrize("strategy,cap", [("ddp", ("--micro-batch-size", "4")), ("fsdp2", ("--max-tokens", "48")),
                                           ("fsdp2", ("--max-tokens", "48", "--padding-free"))],
                          ids=["ddp-rows", "fsdp2-tokens", "fsdp2-tokens-padding-free"])
-def test_two_processes_with_micro_batches_match_one_pass_on_one(strategy, cap, single, tmp_path):
+def test_two_processes_with_micro_batches_match_one_pass_on_one(strategy, cap, single, single_forward, tmp_path):
     """Micro-batches of 4 rows (DDP: gradients all-reduced once, on the last) or of 48 tokens
     (FSDP2: ranks may cut their rows into different counts and still run as many forwards;
     packed: the sharded root forward keeps the packed row's logits at completion positions)
     train like one process running each step in one pass."""
-    rows, weights = _run(strategy, tmp_path, *cap)
-    ref_rows, ref_weights = single
+    rows, weights = _run(strategy, tmp_path, *cap, *_head(strategy))
+    ref_rows, ref_weights = _reference(strategy, single, single_forward)
     for step, (a, b) in enumerate(zip(ref_rows, rows)):
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), f"step {step} {key}: {a[key]} vs {b[key]}"

@@ -199,12 +199,15 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_refused_before_any_rollout(m
     from lightning_rlpt.model import precision
 
     monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: set())
+    monkeypatch.delenv(precision.ALLOW_SLOW_BF16)  # tests/conftest.py sets it for the bf16 cases
     module, counter = make(warm_start_dir), CountRollouts()
     trainer = quiet_trainer(max_steps=1, callbacks=[counter], precision="bf16-mixed")
     with pytest.raises(ValueError, match=r"precision='bf16-mixed' computes in bfloat16, and this CPU has no bf16 "
-                                         r"instructions.*Use precision='32-true'"):
+                                         r"instructions.*Use precision='32-true'.*LIGHTNING_RLPT_ALLOW_SLOW_BF16=1"):
         trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=4))
     assert counter.rollouts == 0 and module.policy_version == 0
+    monkeypatch.setenv(precision.ALLOW_SLOW_BF16, "1")  # asked for: it runs
+    precision.check_cpu_precision(trainer)
 
 
 def test_the_cpus_bf16_flags_are_read_from_cpuinfo(tmp_path):

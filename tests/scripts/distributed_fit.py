@@ -142,6 +142,10 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--episodes", action="store_true", help="rollouts through scripted_episodes (a rollout_func)")
     p.add_argument("--padding-free", action="store_true")
+    # FSDP2 always recomputes the head's gradient (its head is gathered inside the root's forward), so
+    # runs compared with it recompute too; the forward-pass path's equality with the recompute path is
+    # tests/stages/test_head_in_forward.py's, and the DDP tests run it on both sides.
+    p.add_argument("--head-gradient", default="recompute", choices=["auto", "forward", "recompute"])
     p.add_argument("--top-entropy-quantile", type=float, default=1.0)
     p.add_argument("--reward-model", default=None, help="a reward model directory, scored instead of the answer")
     p.add_argument("--advantage", default=None, help="RLModule's advantage estimator (default: the preset's)")
@@ -177,7 +181,7 @@ def fit(args, steps: int, version: str, ckpt_path: str | None = None, callbacks=
                       generation=dict(max_new_tokens=4, max_prompt_length=8),
                       micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.max_tokens,
                       gradient_checkpointing=args.gradient_checkpointing,
-                      padding_free=args.padding_free,
+                      padding_free=args.padding_free, head_gradient=args.head_gradient,
                       top_entropy_quantile=args.top_entropy_quantile, advantage=args.advantage,
                       lora=dict(r=4, lora_alpha=8) if args.lora else None,
                       rollout_func=scripted_episodes if args.episodes else None)

@@ -58,7 +58,8 @@ def main() -> None:
     module = RLModule(os.path.join(ROOT, "examples", "arithmetic", "warm_start"), reward_funcs=[task.exact_answer],
                       group_size=4, optimizer=functools.partial(torch.optim.SGD, lr=LR), seed=3, seed_per_prompt=True, lora=dict(r=4, lora_alpha=8),
                       quantization=args.quantization,
-                      generation=dict(max_new_tokens=4, max_prompt_length=8))
+                      generation=dict(max_new_tokens=4, max_prompt_length=8),
+                      head_gradient="recompute")  # FSDP2's path, so one process and two compute alike
     train, _ = task.split_pairs()
     recorder = RolloutRecorder()
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy[args.strategy], max_steps=args.steps,
