@@ -119,12 +119,13 @@ def test_sync_every_1_keeps_the_ratio_at_one(engine, warm_start_dir, arithmetic_
 def test_single_pass_measures_the_mismatch_in_the_loss_without_an_extra_forward(engine, warm_start_dir,
                                                                                  arithmetic_rows, sync_every):
     module = make_module(warm_start_dir, temperature=0.7, lr=1e-3)
-    calls = []
-    forward = module._logprobs
-    module._logprobs = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    grad_enabled = []  # per decoder forward: both head paths (gradient in the forward pass, recompute) run one per loss
+    module.policy.get_decoder().register_forward_hook(lambda *_: grad_enabled.append(torch.is_grad_enabled()))
     trainer = quiet_trainer(max_steps=3, callbacks=[VLLMRollout(engine=engine, sync_every=sync_every)])
     trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=8))
-    assert len(calls) == 3 and not module.use_reference  # one policy forward per step, the loss's own
+    # One policy forward per step, the loss's own; the one without gradients is the parity probe's
+    # greedy prompt at the fit's start: no π_old forward.
+    assert grad_enabled == [False, True, True, True] and not module.use_reference
     deviation = abs(trainer.callback_metrics["sampling/importance_sampling_ratio/max"].item() - 1)
     # sync_every=3: the last step's rollout came from the step-0 weights, two updates behind
     assert deviation < ATOL if sync_every == 1 else deviation > 1e-3
