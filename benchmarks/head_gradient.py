@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from quiet import add_idle_args, cpu_info, read_status_kb, repeat_if_disturbed, reset_peak_rss, run_measured, set_idle
+from quiet import add_idle_args, cpu_info, read_status_kb, reset_peak_rss, run_json_child, set_idle, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = ("forward", "recompute")
@@ -83,13 +83,8 @@ def worker(side: str, n: int, c: int, h: int, v: int, steps: int) -> None:
 
 
 def run_child(side: str, shape: tuple[int, ...], steps: int) -> dict:
-    def once():
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, *map(str, shape), "--steps", str(steps)]
-        out, seen = run_measured(cmd)
-        if out.returncode != 0:
-            raise RuntimeError(f"{side} failed:\n{out.stderr[-3000:]}")
-        return {**json.loads(out.stdout.strip().splitlines()[-1]), **seen}
-    return repeat_if_disturbed(once, keep=("times", "others_cores"), label=side)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, *map(str, shape), "--steps", str(steps)]
+    return run_json_child(cmd, side)
 
 
 def floor_seconds(shape: tuple[int, ...]) -> float | None:
@@ -133,11 +128,7 @@ def main() -> None:
                   shape=dict(zip(("rows", "completion", "hidden", "vocab"), shape)), floor_s=floor, sides=rows,
                   speedup=rows["recompute"]["seconds"] / rows["forward"]["seconds"])
     print(json.dumps({s: (round(r["seconds"], 3), round(r["extra_mb"])) for s, r in rows.items()}), file=sys.stderr)
-    out = args.results or (None if args.quick else os.path.join(HERE, "results", "head_gradient.json"))
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+    write_json(args.results or (None if args.quick else os.path.join(HERE, "results", "head_gradient.json")), result)
 
 
 if __name__ == "__main__":

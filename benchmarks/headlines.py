@@ -88,9 +88,22 @@ def against_trl() -> str:
     step = {e: vs_trl_report._median([r for r in runs if r["engine"] == e], "median_step_s") for e in ("trl", "hf")}
     peak = {e: max(r["peak_rss_mb"] for r in runs if r["engine"] == e) for e in ("trl", "hf")}
     floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), load("floor.json")["peaks"]["cpu_fp32"]["flop_per_s"])
-    return (f"- Against TRL 1.16, like for like (both on `transformers.generate`, vocabulary 32,000): a step\n"
+    line = (f"- Against TRL 1.16, like for like (both on `transformers.generate`, vocabulary 32,000): a step\n"
             f"  {step['trl'] / step['hf']:.2f}× faster than `GRPOTrainer`'s, at {peak['hf']:,.0f} MB peak RSS against "
             f"{peak['trl']:,.0f} MB; {floor:.1f}× the step's fp32 matrix-product floor.")
+    return line + bf16_pair()
+
+
+def bf16_pair() -> str:
+    """The same comparison with both sides under bf16 autocast, where it was measured."""
+    results = load("vs_trl.json")
+    if "throughput_vocab32k_bf16" not in results:
+        return ""
+    runs = results["throughput_vocab32k_bf16"]["runs"]
+    step = {e: vs_trl_report._median([r for r in runs if r["engine"] == e], "median_step_s") for e in ("trl", "hf")}
+    floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), load("floor.json")["peaks"]["cpu_bf16"]["flop_per_s"])
+    return (f"\n  In bf16 (TRL `bf16=True`, ours `precision=\"bf16-mixed\"`): {step['trl'] / step['hf']:.2f}× faster; "
+            f"{floor:.1f}× the bf16 floor.")
 
 
 def memory() -> str:
@@ -128,18 +141,26 @@ def floor_table() -> str:
 
 
 def floor_ratios() -> str:
-    """Each side of the TRL comparison (vocabulary 32,000) over the fp32 floor of its step: the
-    median step of vs_trl.json over floor.json's peak, at render time, so neither can drift."""
-    data, runs = load("floor.json"), load("vs_trl.json")["throughput_vocab32k"]
-    peak, shape = data["peaks"]["cpu_fp32"]["flop_per_s"], floors.reference_step()
-    lines = ["| engine | median step (s) | × fp32 floor |", "|---|---:|---:|"]
-    for engine in vs_trl_report.ORDER:
-        rs = [r for r in runs["runs"] if r["engine"] == engine]
-        if rs:
-            step = vs_trl_report._median(rs, "median_step_s")
-            lines.append(f"| {vs_trl_report.NAMES[engine]} | {step:.2f} | {floors.ratio_to_floor(step, shape, peak):.1f} |")
-    return (f"Measured against it (the steps of [Against TRL](#against-trl), {runs['date'][:10]}, all fp32; the "
-            f"peak {data['date'][:10]}):\n\n" + "\n".join(lines) + "\n")
+    """Each side of the TRL comparison (vocabulary 32,000) over the floor of its step at its own
+    precision's peak (fp32; bf16 where the bf16 pair was measured): the median step of
+    vs_trl.json over floor.json's peak, at render time, so neither can drift."""
+    data, results = load("floor.json"), load("vs_trl.json")
+    shape = floors.reference_step()
+    lines = ["| engine | precision | median step (s) | × floor at that precision's peak |", "|---|---|---:|---:|"]
+    dates = []
+    for precision, key in (("fp32", "throughput_vocab32k"), ("bf16", "throughput_vocab32k_bf16")):
+        if key not in results or f"cpu_{precision}" not in data["peaks"]:
+            continue
+        runs, peak = results[key], data["peaks"][f"cpu_{precision}"]["flop_per_s"]
+        dates.append(f"{precision} {runs['date'][:10]}")
+        for engine in vs_trl_report.ORDER:
+            rs = [r for r in runs["runs"] if r["engine"] == engine]
+            if rs:
+                step = vs_trl_report._median(rs, "median_step_s")
+                lines.append(f"| {vs_trl_report.NAMES[engine]} | {precision} | {step:.2f} | "
+                             f"{floors.ratio_to_floor(step, shape, peak):.1f} |")
+    return (f"Measured against it (the steps of [Against TRL](#against-trl), {', '.join(dates)}; the "
+            f"peaks {data['date'][:10]}):\n\n" + "\n".join(lines) + "\n")
 
 
 def head_gradient_table() -> str:
@@ -157,6 +178,21 @@ def head_gradient_table() -> str:
             + "\n".join(lines) + "\n")
 
 
+def rollout_profile_table() -> str:
+    """`benchmarks/rollout_profile.py`: each engine's rollout against its floor, and its parts."""
+    data = load("rollout_profile.json")
+    engines = data["engines"]
+    names = {"hf": "HF engine", "vllm": "`VLLMEngine`"}
+    lines = [f"Measured {data['date'][:10]} (`python benchmarks/rollout_profile.py`): 16 prompts × 8 completions × "
+             f"32 tokens, fp32; the rollout's floor {data['rollout_floor_s']:.2f} s.", "",
+             "| engine | median rollout (s) | × rollout floor |", "|---|---:|---:|"]
+    lines += [f"| {names[e]} | {r['seconds']:.2f} | {r['floor_ratio']:.1f} |" for e, r in engines.items()]
+    for e, r in engines.items():
+        lines += ["", f"{names[e]}, shares of one profiled call:", "", "| part | share |", "|---|---:|"]
+        lines += [f"| {part} | {100 * share:.0f} % |" for part, share in r["shares"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def headlines() -> str:
     return "\n".join([demo(), calculator(), against_trl(), memory(), kernel(), floor_line()]) + "\n"
 
@@ -166,6 +202,7 @@ BLOCKS = {README: {"headlines": headlines},
           RESULTS_PAGE: {"demo": lambda: f"```\n{demo_line()}\n```\n",
                          "calculator": lambda: f"```\n{calculator_table()}\n```\n",
                          "seed-rollout": seed_rollout_table, "floor": floor_table, "floor-ratios": floor_ratios,
+                         "rollout-profile": rollout_profile_table,
                          "engines": lambda: rollout_throughput_report.table(load("rollout_throughput.json")),
                          "ablations": lambda: ablations("summary")},
           CALLBACKS_PAGE: {"ablations": lambda: ablations("table")},

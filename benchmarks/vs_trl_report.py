@@ -14,6 +14,8 @@ NAMES = {"trl": "TRL `GRPOTrainer` (generate)", "hf": "lightning-rlpt, HF engine
          "vllm": "lightning-rlpt, `VLLMRollout`"}
 COMPARED = {"trl": "baseline", "hf": "like for like (both on generate)", "vllm": "vs TRL with generate"}
 ORDER = ["trl", "hf", "vllm"]
+# Throughput keys without a precision (every run before the bf16 pair) are fp32.
+PRECISION_TITLES = {"fp32": "fp32", "bf16": "bf16 autocast (TRL `bf16=True`, ours `precision=\"bf16-mixed\"`, vLLM bfloat16)"}
 
 
 def _median(rs, key):
@@ -94,7 +96,8 @@ def report(data: dict) -> str:
             continue
         ph = data[key]
         shape = SIZES[ph["size"]]
-        out += [f"## Throughput: {shape['layers']} × {shape['hidden']} Llama, vocabulary {shape['vocab']:,}", "",
+        precision = PRECISION_TITLES[ph.get("precision", "fp32")]
+        out += [f"## Throughput: {shape['layers']} × {shape['hidden']} Llama, vocabulary {shape['vocab']:,}, {precision}", "",
                 f"Measured {ph['date']}, {ph['cpus']} CPU cores ({ph.get('cpu', 'CPU model not recorded')}); random init, {PROMPTS} prompts × {GROUP} completions "
                 f"× ≤ {MAX_NEW} new tokens per step, {ph['steps']} steps per run (median of steps 2..{ph['steps']}), "
                 f"{ph['repeats']} runs per engine in alternating processes; TRL with gradient_checkpointing=False. "
