@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import ROOT
 
+from lightning_rlpt.processes import pid_alive
 from lightning_rlpt.rollout.vllm.run_folder import OWNER
 from lightning_rlpt.rollout.vllm.transport import SnapshotTransport
 
@@ -52,16 +53,9 @@ def _start(parent, how: str) -> tuple[subprocess.Popen, str, int]:
     return run, line[0], int(line[1])
 
 
-def _running(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
-    except FileNotFoundError:
-        return False
-
-
 def _gone_within(path: str, seconds: float) -> float:
     started = time.monotonic()
-    while os.path.exists(path) if not path.startswith("/proc/") else _running(int(path.split("/")[2])):
+    while os.path.exists(path) if not path.startswith("/proc/") else pid_alive(int(path.split("/")[2])):
         assert time.monotonic() - started < seconds, f"{path} still there after {seconds} s: {os.listdir(path)}"
         time.sleep(0.05)
     return time.monotonic() - started
