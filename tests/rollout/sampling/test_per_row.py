@@ -12,7 +12,7 @@ from conftest import quiet_trainer
 from lightning_rlpt import PromptDataModule, RLModule
 from lightning_rlpt.model.loading import load_policy, load_tokenizer
 from lightning_rlpt.rollout import HFGenerateEngine, SamplingConfig, collect
-from lightning_rlpt.rollout.sampling.per_row import RowSampler, uniform
+from lightning_rlpt.rollout.sampling.per_row import RowSampler, gumbel_scores, token_keys, uniform
 
 PROMPTS = ["7+5=", "12+34=", "99+99=", "3+4=", "1+1=", "45+6=", "8="]  # different lengths: left padding
 
@@ -41,6 +41,22 @@ def test_the_hash_is_uniform_and_keyed_by_seed_step_and_token():
     assert not torch.equal(u, uniform(torch.tensor([3, 2**61 + 3]), 1, 50_000))  # so does the step
     assert torch.equal(u, uniform(torch.tensor([3, 2**61 + 3]), 0, 50_000))
     assert abs(torch.corrcoef(torch.stack([u[0, :-1], u[0, 1:]]))[0, 1].item()) < 0.02  # neighbouring tokens
+
+
+@pytest.mark.parametrize("rows, vocab", [(9, 32_000), (3, 151_936), (5, 50), (1, 7)])
+def test_the_blocked_noise_is_the_hash_definition_bit_for_bit(rows, vocab):
+    """`gumbel_scores` computes the noise a few rows at a time, in place; its bits must be those of
+    ``-log(-log(uniform(...)))`` over the whole batch, or every HF draw would change (9 rows at
+    32,000 cross a block boundary: 4 rows a block; 151,936 is wider than the cache block)."""
+    g = torch.Generator().manual_seed(rows)
+    seeds = torch.randint(0, 2**62, (rows,), generator=g)
+    scores = torch.randn(rows, vocab, generator=g)
+    scores[0, : min(3, vocab - 1)] = float("-inf")  # removed by a warper: stays -inf
+    tokens = token_keys(vocab, scores.device)
+    u = uniform(seeds, 4, vocab, tokens)
+    expected = scores + u.log_().neg_().log_().neg_().float()
+    assert torch.equal(gumbel_scores(scores, seeds, 4, tokens), expected)
+    assert not torch.equal(gumbel_scores(scores, seeds, 5, tokens), expected)  # the step counts
 
 
 def test_a_row_samples_the_same_alone_in_a_batch_or_chunked(engine):
