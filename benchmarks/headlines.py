@@ -85,7 +85,7 @@ def calculator() -> str:
 def against_trl() -> str:
     """Like for like at vocabulary 32,000: TRL's median step over our HF engine's, and peak RSS."""
     runs = load("vs_trl.json")["throughput_vocab32k"]["runs"]
-    step = {e: vs_trl_report._median([r for r in runs if r["engine"] == e], "median_step_s") for e in ("trl", "hf")}
+    step = like_for_like_steps(runs)
     peak = {e: max(r["peak_rss_mb"] for r in runs if r["engine"] == e) for e in ("trl", "hf")}
     floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), load("floor.json")["peaks"]["cpu_fp32"]["flop_per_s"])
     line = (f"- Against TRL 1.16, like for like (both on `transformers.generate`, vocabulary 32,000): a step\n"
@@ -94,13 +94,17 @@ def against_trl() -> str:
     return line + bf16_pair()
 
 
+def like_for_like_steps(runs: list[dict]) -> dict[str, float]:
+    """TRL's and our HF engine's median steps over a phase's runs."""
+    return {e: vs_trl_report._median([r for r in runs if r["engine"] == e], "median_step_s") for e in ("trl", "hf")}
+
+
 def bf16_pair() -> str:
     """The same comparison with both sides under bf16 autocast, where it was measured."""
     results = load("vs_trl.json")
     if "throughput_vocab32k_bf16" not in results:
         return ""
-    runs = results["throughput_vocab32k_bf16"]["runs"]
-    step = {e: vs_trl_report._median([r for r in runs if r["engine"] == e], "median_step_s") for e in ("trl", "hf")}
+    step = like_for_like_steps(results["throughput_vocab32k_bf16"]["runs"])
     floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), load("floor.json")["peaks"]["cpu_bf16"]["flop_per_s"])
     return (f"\n  In bf16 (TRL `bf16=True`, ours `precision=\"bf16-mixed\"`): {step['trl'] / step['hf']:.2f}× faster; "
             f"{floor:.1f}× the bf16 floor.")

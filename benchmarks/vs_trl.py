@@ -67,7 +67,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples", "arithmetic"))
 from quiet import (IDLE, add_idle_args, cpu_info, repeat_if_disturbed,  # noqa: E402
                    run_measured, set_idle)  # benchmarks/quiet.py
-from vs_trl_report import GROUP, LR, MAX_NEW, PROMPTS, SIZES, plot, report  # noqa: E402
+from vs_trl_report import GROUP, LR, MAX_NEW, PRECISIONS, PROMPTS, SIZES, plot, report  # noqa: E402
 
 
 
@@ -246,11 +246,6 @@ def run_ours(engine: str, mode: str, steps: int, eval_every: int, meter: Meter, 
     if mode == "curves":
         meter.accuracy.append((0, held_out_accuracy(module.policy, module.tokenizer)))
     trainer.fit(module, datamodule=data)
-
-
-# Each precision as TRL's GRPOConfig fields and lightning-rlpt's Trainer and vLLM settings.
-PRECISIONS = {"fp32": dict(trl={}, ours={}, vllm_dtype="float32"),
-              "bf16": dict(trl=dict(bf16=True), ours=dict(precision="bf16-mixed"), vllm_dtype="bfloat16")}
 
 
 def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: str, precision: str = "fp32") -> None:

@@ -14,8 +14,11 @@ NAMES = {"trl": "TRL `GRPOTrainer` (generate)", "hf": "lightning-rlpt, HF engine
          "vllm": "lightning-rlpt, `VLLMRollout`"}
 COMPARED = {"trl": "baseline", "hf": "like for like (both on generate)", "vllm": "vs TRL with generate"}
 ORDER = ["trl", "hf", "vllm"]
-# Throughput keys without a precision (every run before the bf16 pair) are fp32.
-PRECISION_TITLES = {"fp32": "fp32", "bf16": "bf16 autocast (TRL `bf16=True`, ours `precision=\"bf16-mixed\"`, vLLM bfloat16)"}
+# Each precision as TRL's GRPOConfig fields, lightning-rlpt's Trainer and vLLM settings, and its
+# report title. Throughput keys without a precision (every run before the bf16 pair) are fp32.
+PRECISIONS = {"fp32": dict(trl={}, ours={}, vllm_dtype="float32", title="fp32"),
+              "bf16": dict(trl=dict(bf16=True), ours=dict(precision="bf16-mixed"), vllm_dtype="bfloat16",
+                           title="bf16 autocast (TRL `bf16=True`, ours `precision=\"bf16-mixed\"`, vLLM bfloat16)")}
 
 
 def _median(rs, key):
@@ -96,7 +99,7 @@ def report(data: dict) -> str:
             continue
         ph = data[key]
         shape = SIZES[ph["size"]]
-        precision = PRECISION_TITLES[ph.get("precision", "fp32")]
+        precision = PRECISIONS[ph.get("precision", "fp32")]["title"]
         out += [f"## Throughput: {shape['layers']} × {shape['hidden']} Llama, vocabulary {shape['vocab']:,}, {precision}", "",
                 f"Measured {ph['date']}, {ph['cpus']} CPU cores ({ph.get('cpu', 'CPU model not recorded')}); random init, {PROMPTS} prompts × {GROUP} completions "
                 f"× ≤ {MAX_NEW} new tokens per step, {ph['steps']} steps per run (median of steps 2..{ph['steps']}), "

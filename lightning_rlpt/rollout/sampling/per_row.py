@@ -47,14 +47,14 @@ def request_seeds(seed: int | list[int], n: int) -> list[int]:
     return [next(streams[int(s)]) for s in seed]
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
+def _mix32(x: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """A bijective 32-bit avalanche of ``0 <= x < 2**32`` (int64), in place: every input bit
-    flips each output bit with probability close to 1/2."""
-    x ^= x >> 16
-    x.mul_(_MUL_A).bitwise_and_(_MASK32)
-    x ^= x >> 15
-    x.mul_(_MUL_B).bitwise_and_(_MASK32)
-    x ^= x >> 15
+    flips each output bit with probability close to 1/2. ``scratch`` (``x``'s shape and dtype)
+    takes the shifts, so nothing is allocated."""
+    for shift, multiplier in ((16, _MUL_A), (15, _MUL_B)):
+        x ^= torch.bitwise_right_shift(x, shift, out=scratch) if scratch is not None else x >> shift
+        x.mul_(multiplier).bitwise_and_(_MASK32)
+    x ^= torch.bitwise_right_shift(x, 15, out=scratch) if scratch is not None else x >> 15
     return x
 
 
@@ -109,19 +109,11 @@ def gumbel_scores(scores: torch.Tensor, seeds: torch.Tensor, step: int, tokens: 
         stop = min(start + block, rows)
         x, t, u = bits[: stop - start], shifted[: stop - start], noise[: stop - start]
         torch.bitwise_xor(keys[start:stop, None], tokens[None], out=x)
-        _mix32_into(x, t)
+        _mix32(x, t)
         u.copy_(x)
         u.add_(0.5).div_(2**32).log_().neg_().log_().neg_()  # -log(-log u), as `uniform` then RowSampler did
         torch.add(scores[start:stop], u.float(), out=out[start:stop])
     return out
-
-
-def _mix32_into(x: torch.Tensor, scratch: torch.Tensor) -> None:
-    """`_mix32` of ``x`` in place, its shifts written into ``scratch`` (no allocation)."""
-    for shift, multiplier in ((16, _MUL_A), (15, _MUL_B)):
-        x.bitwise_xor_(torch.bitwise_right_shift(x, shift, out=scratch))
-        x.mul_(multiplier).bitwise_and_(_MASK32)
-    x.bitwise_xor_(torch.bitwise_right_shift(x, 15, out=scratch))
 
 
 class RowSampler(LogitsProcessor):
