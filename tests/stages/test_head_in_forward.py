@@ -243,3 +243,34 @@ def test_an_overridden_policy_logprobs_is_called(warm_start_dir, arithmetic_rows
     sub = Sub(warm_start_dir, reward_funcs=[task.exact_answer], group_size=4, seed=3, generation=GEN)
     sub.loss_and_logprobs(exp)
     assert calls == [1, 2]
+
+
+def _drop(term):
+    """`row_coefficients` as the forward-pass kernel sees it, with one term of
+    ``dz = g·onehot − p·(g + g_ent·(log p + H))`` left out."""
+    from lightning_rlpt.kernels.chunked import row_coefficients
+
+    def coefficients(g_lp, g_ent, entropy, valid, cdt):
+        g, g_e, coef_a = row_coefficients(g_lp, g_ent, entropy, valid, cdt)
+        if term == "one-hot":
+            return torch.zeros_like(g), g_e, coef_a
+        if term == "p·g":
+            return g, g_e, coef_a + g
+        if term == "p·g_ent·log p":
+            return g, None, coef_a
+        return g, g_e, -g  # "p·g_ent·H"
+    return coefficients
+
+
+@pytest.mark.parametrize("policy_loss", POLICY_LOSSES.names())
+@pytest.mark.parametrize("term", ["one-hot", "p·g", "p·g_ent·log p", "p·g_ent·H"])
+def test_the_equality_fails_when_one_term_is_dropped(warm_start_dir, arithmetic_rows, three_row_chunks, monkeypatch,
+                                                     policy_loss, term):
+    """The equality above can fail: with one term of the logits' gradient left out of the
+    forward-pass kernel, every loss type's gradients differ from the recompute path's."""
+    module = _module(warm_start_dir, policy_loss=policy_loss, kl_coef=0.2, entropy_coef=0.05)
+    exp = _experience(module, arithmetic_rows, mu_above_one=True, kl=True)
+    monkeypatch.setattr(kernel, "row_coefficients", _drop(term))
+    forward, recompute = _both_paths(module, exp)
+    with pytest.raises(AssertionError):
+        _assert_same(forward, recompute, torch.float32)
