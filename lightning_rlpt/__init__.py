@@ -7,6 +7,8 @@ from .experience import Experience
 from .hooks import RLCallback
 from .knobs import Knobs, Requests
 from .module import RLModule
+from .options import (AgentOptions, CheckpointOptions, LoadingOptions, MemoryOptions, ObjectiveOptions, OptimizationOptions,
+                      RewardOptions, ValidationOptions)
 from .rewards import (CodeExecutionReward, FormatReward, HTTPReward, LengthPenalty, MathAnswerReward, RemoteCodeReward,
                       RewardError, RewardFunctions, RewardModel, SoftOverlongPunishment, format_reward, math_answer_reward,
                       soft_overlong_punishment, think_format_reward)
@@ -21,4 +23,6 @@ __all__ = [
     "Requests", "RewardError", "RewardFunctions", "RewardModel", "RolloutEngine", "RolloutOutput", "SamplingConfig",
     "SoftOverlongPunishment", "aggregate_loss", "compute_advantages", "format_reward", "math_answer_reward",
     "soft_overlong_punishment", "CodeExecutionReward", "LengthPenalty", "RemoteCodeReward", "think_format_reward",
+    "AgentOptions", "CheckpointOptions", "LoadingOptions", "MemoryOptions", "ObjectiveOptions", "OptimizationOptions",
+    "RewardOptions", "ValidationOptions",
 ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import lightning as L
@@ -29,6 +30,8 @@ from .model.logprobs import check_head, check_padding_free
 from .model.loading import check_model_source, load_policy, load_tokenizer, lora_as_dict, zero_dropout
 from .model.precision import check_cpu_precision, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
+from .options import (GROUP_ONLY, AgentOptions, CheckpointOptions, LoadingOptions, MemoryOptions, ObjectiveOptions,
+                      OptimizationOptions, RewardOptions, ValidationOptions, record_flat, ungroup)
 from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory, run_steps
 from .quiet import hide_lightning_tips
 from .requeue import BatchBoundaryRequeue
@@ -154,6 +157,10 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
             twice in one batch gets two independent groups.
         resume_overrides / checkpoint_checksums: settings (`checkpoint.ALGORITHM_KEYS`) a resumed
             fit may change (others must match the checkpoint's); write and verify a CRC32 per tensor.
+        loading / objective / rewards / memory / optimization / validation / agent / checkpointing: the
+            same arguments in groups (`lightning_rlpt.options`: ``memory=MemoryOptions(micro_batch_size=4)``,
+            ``objective=ObjectiveOptions("dapo", kl_coef=0.0)``); a setting given flat and in a group
+            must agree. The hyper-parameters record the flat names.
 
     Examples:
         >>> module = RLModule("path/to/model", reward_funcs=[my_reward], objective="grpo", group_size=8)  # doctest: +SKIP
@@ -165,7 +172,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         model: str | nn.Module,
         reward_funcs: Any,
         *,
-        objective: str = "grpo",
+        objective: str | ObjectiveOptions = "grpo",
         group_size: int = 8,
         kl_coef: float | None = None,
         kl_estimator: str = "k1",
@@ -226,77 +233,85 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
         rollout_func: Any = None,
         resume_overrides: Sequence[str] = (),
         checkpoint_checksums: bool = True,
+        loading: LoadingOptions | None = None, rewards: RewardOptions | None = None,
+        memory: MemoryOptions | None = None, optimization: OptimizationOptions | None = None,
+        validation: ValidationOptions | None = None, agent: AgentOptions | None = None,
+        checkpointing: CheckpointOptions | None = None,
     ):
         super().__init__()
-        check_model_source(model)
+        flat, grouped = ungroup(locals(), RLModule.__init__)  # the groups spread into the flat names
+        o = SimpleNamespace(**flat)
+        check_model_source(o.model)
         self.save_hyperparameters(ignore=["model", "reward_funcs", "tokenizer", "lora", "optimizer", "lr_scheduler",
-                                          "tools", "tool_parser", "environment", "rollout_func"])
+                                          "tools", "tool_parser", "environment", "rollout_func", *GROUP_ONLY])
+        record_flat(self, grouped)  # what checkpoints and loggers keep: the flat names
         # What `export_checkpoint` needs to rebuild the model: the base path and the adapter config.
         # A local directory is recorded absolute, so an export from another working directory finds it.
         # Saved beside the hyper-parameters, not in them: LightningCLI feeds a checkpoint's
         # hyper-parameters back as constructor arguments (`fit/validate --ckpt_path`).
-        path = None if isinstance(model, nn.Module) else str(model)
+        path = None if isinstance(o.model, nn.Module) else str(o.model)
         self.model_source = {"model_name_or_path": os.path.abspath(path) if path and os.path.isdir(path) else path,
-                             "lora_config": lora_as_dict(lora)}
+                             "lora_config": lora_as_dict(o.lora)}
         self.automatic_optimization = False
         hide_lightning_tips()  # before the Trainer is built: it prints the first (lightning_rlpt.quiet)
-        self.objective = resolve_objective(objective, dict(
-            policy_loss=policy_loss, advantage=advantage, loss_aggregation=loss_aggregation,
-            clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, kl_coef=kl_coef))
-        KL_ESTIMATORS.get(kl_estimator)
-        check_reference_options(reference_dtype, reference_offload, lora)
-        check_update_numbers(updates_per_rollout, minibatch_size, val_samples, lr)
-        self.optimizer_factory = optimizer_factory(optimizer, lr, weight_decay, betas)
-        self.scheduler_factory = lr_scheduler
-        check_top_entropy_quantile(top_entropy_quantile)
-        check_entropy_coef(entropy_coef)
-        self.head_in_forward = HeadInForward(head_gradient)
-        self.micro_batching = MicroBatching(micro_batch_size, max_tokens_per_micro_batch, bool(padding_free))
-        if rollout_correction == "auto":
-            rollout_correction = None if self.objective.self_correcting else "token_tis"
-        check_mode(rollout_correction, rollout_correction_cap)
-        check_objective(self.objective, group_size=group_size, advantage_kwargs=advantage_kwargs,
-                        rollout_correction=rollout_correction, updates_per_rollout=updates_per_rollout,
-                        policy_loss_kwargs=policy_loss_kwargs)
-        self.hparams.rollout_correction = rollout_correction
-        self.hparams.resume_overrides = check_resume_overrides(resume_overrides)
-        self.group_size, self.kl_estimator = group_size, kl_estimator
+        self.objective = resolve_objective(o.objective, dict(
+            policy_loss=o.policy_loss, advantage=o.advantage, loss_aggregation=o.loss_aggregation,
+            clip_low=o.clip_low, clip_high=o.clip_high, dual_clip=o.dual_clip, kl_coef=o.kl_coef))
+        KL_ESTIMATORS.get(o.kl_estimator)
+        check_reference_options(o.reference_dtype, o.reference_offload, o.lora)
+        check_update_numbers(o.updates_per_rollout, o.minibatch_size, o.val_samples, o.lr)
+        self.optimizer_factory = optimizer_factory(o.optimizer, o.lr, o.weight_decay, o.betas)
+        self.scheduler_factory = o.lr_scheduler
+        check_top_entropy_quantile(o.top_entropy_quantile)
+        check_entropy_coef(o.entropy_coef)
+        self.head_in_forward = HeadInForward(o.head_gradient)
+        self.micro_batching = MicroBatching(o.micro_batch_size, o.max_tokens_per_micro_batch, bool(o.padding_free))
+        if o.rollout_correction == "auto":
+            o.rollout_correction = None if self.objective.self_correcting else "token_tis"
+        check_mode(o.rollout_correction, o.rollout_correction_cap)
+        check_objective(self.objective, group_size=o.group_size, advantage_kwargs=o.advantage_kwargs,
+                        rollout_correction=o.rollout_correction, updates_per_rollout=o.updates_per_rollout,
+                        policy_loss_kwargs=o.policy_loss_kwargs)
+        self.hparams.rollout_correction = o.rollout_correction
+        self.hparams.resume_overrides = check_resume_overrides(o.resume_overrides)
+        self.group_size, self.kl_estimator = o.group_size, o.kl_estimator
         # The surface callbacks move and ask through (see hooks.py): knobs and requests.
         self.knobs = Knobs(self.objective.kl_coef, self.objective.clip_low, self.objective.clip_high)
-        self.requests = Requests(rollout_logprobs=rollout_logprobs or self.objective.self_correcting)
+        self.requests = Requests(rollout_logprobs=o.rollout_logprobs or self.objective.self_correcting)
         self.requests.ask(**estimator_requests(self.objective.advantage))  # the log-probs its `needs` take
-        self.advantage_kwargs = dict(advantage_kwargs or {})
-        self.policy_loss_kwargs = dict(policy_loss_kwargs or {})
-        self.rewards = RewardFunctions(reward_funcs, reward_weights, reward_on_error, timeout=reward_timeout,
-                                       aggregation=multi_objective_aggregation)
-        self.sampling = SamplingConfig.coerce(generation)
+        self.advantage_kwargs = dict(o.advantage_kwargs or {})
+        self.policy_loss_kwargs = dict(o.policy_loss_kwargs or {})
+        self.rewards = RewardFunctions(o.reward_funcs, o.reward_weights, o.reward_on_error, timeout=o.reward_timeout,
+                                       aggregation=o.multi_objective_aggregation)
+        self.sampling = SamplingConfig.coerce(o.generation)
         self.micro_batching.check_fits(1, self.sampling.max_new_tokens)  # even a one-token prompt must fit
         self.val_sampling = SamplingConfig.coerce(
-            val_generation if val_generation is not None else {**self.sampling.to_dict(), "temperature": 0.0})
+            o.val_generation if o.val_generation is not None else {**self.sampling.to_dict(), "temperature": 0.0})
         if self.sampling.temperature <= 0:
             raise ValueError("training rollouts must sample: generation temperature must be > 0")
-        self.tokenizer = load_tokenizer(model, tokenizer)
-        self.agent = Agent(tools, max_turns, tool_timeout, tool_parser, environment, rollout_func, tool_max_chars)
+        self.tokenizer = load_tokenizer(o.model, o.tokenizer)
+        self.agent = Agent(o.tools, o.max_turns, o.tool_timeout, o.tool_parser, o.environment, o.rollout_func,
+                           o.tool_max_chars)
         self.agent.check(self.tokenizer)  # a template without tool support fails here, before any rollout
-        self.policy = load_policy(model, lora=lora, quantization=quantization, torch_dtype=torch_dtype,
-                                  gradient_checkpointing=gradient_checkpointing, seed=seed)
+        self.policy = load_policy(o.model, lora=o.lora, quantization=o.quantization, torch_dtype=o.torch_dtype,
+                                  gradient_checkpointing=o.gradient_checkpointing, seed=o.seed)
         check_head(self.policy)  # a logit transform we would not reproduce fails here, before any rollout
-        if padding_free:
+        if o.padding_free:
             check_padding_free(self.policy)
-        if disable_dropout:
+        if o.disable_dropout:
             zero_dropout(self.policy)
         self.policy.train()  # from_pretrained returns eval mode; Lightning trains in train mode
-        self.use_reference = self.knobs.kl_coef > 0 if reference is None else bool(reference)
+        self.use_reference = self.knobs.kl_coef > 0 if o.reference is None else bool(o.reference)
         # Call the optimizer and scheduler callables once now, so a wrong one fails before any rollout.
-        build_scheduler(lr_scheduler, build_optimizer(self.optimizer_factory, self._trainable(), check_device=False))
-        self.reference = build_reference(self.policy, self.use_reference, reference_dtype, reference_offload)
+        build_scheduler(o.lr_scheduler, build_optimizer(self.optimizer_factory, self._trainable(), check_device=False))
+        self.reference = build_reference(self.policy, self.use_reference, o.reference_dtype, o.reference_offload)
         self.rollout_engine: RolloutEngine | None = None
         self.policy_version = 0
-        self.rng, self.rollout_draws = torch.Generator().manual_seed(seed), 0  # see _next_seed
+        self.rng, self.rollout_draws = torch.Generator().manual_seed(o.seed), 0  # see _next_seed
         self.timer = StepTimer()
-        self.parity = ParityProbe(parity_every, parity_threshold)
+        self.parity = ParityProbe(o.parity_every, o.parity_threshold)
         self.fit_state = FitState()  # replaced at each fit's start (on_fit_start)
-        self.val_pass = nn.ModuleDict(pass_at_k_metrics(val_pass_k, val_samples, self.val_sampling.temperature))
+        self.val_pass = nn.ModuleDict(pass_at_k_metrics(o.val_pass_k, o.val_samples, self.val_sampling.temperature))
 
     # ---------------------------------------------------------------- the callbacks' surface
     def request(self, **flags: bool) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -28,9 +28,44 @@ from ..rollout.parity import low_precision
 from ..rollout.pipeline import RolloutPipeline
 from .fit_state import FitState
 
+if TYPE_CHECKING:  # the annotations of what the stage reads (`MakeExperience`'s surface)
+    from ..algorithms.presets import Objective
+    from ..batching import MicroBatching
+    from ..knobs import Requests
+    from ..rewards import RewardFunctions
+    from ..rollout import RolloutEngine, SamplingConfig
+    from ..rollout.episodes import Agent
+    from ..rollout.parity import ParityProbe
+    from .timing import StepTimer
+
 
 class MakeExperience:
     """Mixin of `RLModule` (which supplies the engine, rewards, models and hyper-parameters)."""
+
+    # What this stage reads of the module besides Lightning's own attributes: set by `RLModule`
+    # (or, for `loss_mask`, by `PolicyUpdate`). tests/meta/test_stage_surfaces.py checks that the
+    # stage touches nothing else and that nothing listed is unused.
+    EXPERIENCE_SETTINGS = ("minibatch_size", "seed_per_prompt", "updates_per_rollout", "use_fused_kernel")  # hparams read
+    policy: nn.Module
+    reference: nn.Module | None
+    use_reference: bool
+    tokenizer: Any
+    engine: RolloutEngine
+    sampling: SamplingConfig
+    agent: Agent
+    rewards: RewardFunctions
+    objective: Objective
+    group_size: int
+    advantage_kwargs: dict[str, Any]
+    micro_batching: MicroBatching
+    requests: Requests
+    parity: ParityProbe
+    timer: StepTimer
+    policy_version: int
+    _agree_count: Callable[[int], int]
+    _log_dict: Callable[..., None]
+    _next_seed: Callable[[], int]
+    loss_mask: Callable[[Experience], torch.Tensor]
 
     # Prompt + completion tokens of every training rollout so far, all ranks (checkpointed).
     tokens_seen: int = 0

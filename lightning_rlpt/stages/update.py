@@ -21,7 +21,7 @@ import math
 import time
 import warnings
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -42,6 +42,16 @@ from ..quiet import quiet_fit
 from .step_metrics import add_metrics, clip_extremes, reduce_extremes
 from .timing import seconds_since
 
+if TYPE_CHECKING:  # the annotations of what the stage reads (`PolicyUpdate`'s surface)
+    from torch import nn
+
+    from ..algorithms.presets import Objective
+    from ..batching import MicroBatching
+    from ..knobs import Knobs
+    from ..rollout import SamplingConfig
+    from .head_in_forward import HeadInForward
+    from .timing import StepTimer
+
 # Empty batches in a row that stop a run: a whole epoch of them, but at least EMPTY_BATCHES_MIN (in a
 # short epoch a few can be chance: dynamic filtering early on) and at most EMPTY_BATCHES_LIMIT (also
 # the count for a loader without a length).
@@ -51,6 +61,29 @@ PROGRESS_BAR = ("reward", "kl", "entropy", "throughput/tokens_per_s")
 
 class PolicyUpdate:
     """Mixin of `RLModule` (which supplies the policy, the knobs and the hyper-parameters)."""
+
+    # What this stage reads of the module besides Lightning's own attributes: set by `RLModule`
+    # (or by `MakeExperience`: the last five). tests/meta/test_stage_surfaces.py checks that the
+    # stage touches nothing else and that nothing listed is unused.
+    UPDATE_SETTINGS = ("entropy_coef", "mask_truncated_completions", "max_grad_norm", "minibatch_size", "rollout_correction",
+                "rollout_correction_cap", "rollout_correction_kl", "top_entropy_quantile", "updates_per_rollout")
+    policy: nn.Module
+    objective: Objective
+    kl_estimator: str
+    policy_loss_kwargs: dict[str, Any]
+    knobs: Knobs
+    sampling: SamplingConfig
+    micro_batching: MicroBatching
+    head_in_forward: HeadInForward
+    timer: StepTimer
+    policy_version: int
+    rng: torch.Generator
+    _agree_count: Callable[[int], int]
+    _log_dict: Callable[..., None]
+    policy_logprobs: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+    make_experience: Callable[[dict[str, list[Any]]], Experience | None]
+    sync_engine: Callable[..., None]
+    _logprobs: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
     def training_step(self, batch: dict[str, list[Any]], batch_idx: int) -> None:
         start = time.perf_counter()

@@ -44,7 +44,8 @@ def fit_run(tmp_path_factory):
     shipped = yaml.safe_load(open(CONFIG))["trainer"]["callbacks"]  # a later list replaces it: keep it in
     extra = override(tmp, trainer={"max_steps": 3, "val_check_interval": 2, "callbacks": shipped + [dither],
                                    "enable_progress_bar": False},
-                     model={"group_size": 4}, data={"batch_size": 2})  # validation: one batch of 300
+                     model={"group_size": 4, "memory": {"micro_batch_size": 2}},  # a group from YAML (options.py)
+                     data={"batch_size": 2})  # validation: one batch of 300
     out = subprocess.run([SCRIPT, "fit", "--config", "examples/arithmetic/config.yaml", "--config", extra],
                          cwd=tmp, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -92,6 +93,7 @@ def test_docs_give_the_checkpoint_path_a_fit_writes():
 def test_fit_writes_the_final_checkpoint_at_the_documented_path(fit_run):
     ckpt = torch.load(fit_run / CHECKPOINT, map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == 3  # saved when the fit ended, not only at the validation of step 2
+    assert ckpt["hyper_parameters"]["micro_batch_size"] == 2 and "memory" not in ckpt["hyper_parameters"]
     assert "policy.model.embed_tokens.weight" in ckpt["state_dict"]
 
 
