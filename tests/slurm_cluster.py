@@ -41,6 +41,7 @@ SelectTypeParameters=CR_Core
 ReturnToService=2
 JobRequeue=1
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 KillWait=10
 MinJobAge=300
 SlurmctldTimeout=30
