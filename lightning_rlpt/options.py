@@ -174,8 +174,9 @@ def ungroup(arguments: dict[str, Any], init: Callable) -> tuple[dict[str, Any], 
         if value is None or (keyword == "objective" and isinstance(value, str)):
             continue
         if not isinstance(value, group):
-            raise TypeError(f"{keyword}= takes a {group.__name__} (lightning_rlpt.options), got {type(value).__name__}"
-                            + (" or a preset name" if keyword == "objective" else ""))
+            what = ("an " if group.__name__[0] in "AEIOU" else "a ") + group.__name__
+            what += " or a preset name" if keyword == "objective" else ""
+            raise TypeError(f"{keyword}= takes {what} (lightning_rlpt.options), got {type(value).__name__}")
         if keyword == "objective":
             flat["objective"] = grouped["objective"] = params["objective"].default
         for name, setting in value.given().items():
@@ -187,6 +188,7 @@ def ungroup(arguments: dict[str, Any], init: Callable) -> tuple[dict[str, Any], 
 
 
 def _differs(a: Any, b: Any) -> bool:
+    """Whether two settings differ (so a flat value and a group's are not the same setting twice)."""
     if a is b:
         return False
     try:

@@ -78,7 +78,7 @@ def test_an_objective_group_without_a_preset_takes_the_default_preset(warm_start
 def test_a_group_keyword_refuses_anything_but_its_group_and_groups_refuse_trl_names(warm_start_dir):
     with pytest.raises(TypeError, match=r"memory= takes a MemoryOptions \(lightning_rlpt.options\), got dict"):
         make(warm_start_dir, memory=dict(micro_batch_size=2))
-    with pytest.raises(TypeError, match="objective= takes a ObjectiveOptions .* or a preset name"):
+    with pytest.raises(TypeError, match=r"objective= takes an ObjectiveOptions or a preset name \(lightning_rlpt.options\), got MemoryOptions"):
         make(warm_start_dir, objective=MemoryOptions())
     with pytest.raises(TypeError, match="`beta`, which is TRL's name; use `kl_coef`"):
         ObjectiveOptions(beta=0.04)
