@@ -45,7 +45,7 @@ class MakeExperience:
     # What this stage reads of the module besides Lightning's own attributes: set by `RLModule`
     # (or, for `loss_mask`, by `PolicyUpdate`). tests/meta/test_stage_surfaces.py checks that the
     # stage touches nothing else and that nothing listed is unused.
-    EXPERIENCE_SETTINGS = ("minibatch_size", "seed_per_prompt", "updates_per_rollout", "use_fused_kernel")  # hparams read
+    EXPERIENCE_SETTINGS = ("minibatch_size", "seed_per_prompt", "updates_per_rollout", "use_fused_kernel")
     policy: nn.Module
     reference: nn.Module | None
     use_reference: bool

@@ -63,10 +63,11 @@ class PolicyUpdate:
     """Mixin of `RLModule` (which supplies the policy, the knobs and the hyper-parameters)."""
 
     # What this stage reads of the module besides Lightning's own attributes: set by `RLModule`
-    # (or by `MakeExperience`: the last five). tests/meta/test_stage_surfaces.py checks that the
+    # (or by `MakeExperience`: the last three). tests/meta/test_stage_surfaces.py checks that the
     # stage touches nothing else and that nothing listed is unused.
-    UPDATE_SETTINGS = ("entropy_coef", "mask_truncated_completions", "max_grad_norm", "minibatch_size", "rollout_correction",
-                "rollout_correction_cap", "rollout_correction_kl", "top_entropy_quantile", "updates_per_rollout")
+    UPDATE_SETTINGS = ("entropy_coef", "mask_truncated_completions", "max_grad_norm", "minibatch_size",
+                       "rollout_correction", "rollout_correction_cap", "rollout_correction_kl", "top_entropy_quantile",
+                       "updates_per_rollout")
     policy: nn.Module
     objective: Objective
     kl_estimator: str

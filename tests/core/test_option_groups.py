@@ -17,7 +17,8 @@ STANDALONE = {"model", "reward_funcs", "group_size", "generation", "seed", "seed
 FLAT = dict(objective="dapo", kl_coef=0.1, clip_high=0.3, entropy_coef=0.01, rollout_correction="seq_tis",
             disable_dropout=False, reward_weights=[2.0], reward_on_error="zero", success_threshold=0.5,
             micro_batch_size=2, head_gradient="recompute", updates_per_rollout=2, minibatch_size=4, lr=2e-6,
-            max_grad_norm=0.5, val_generation={**GEN, "temperature": 0.8}, val_samples=2, val_pass_k=[1, 2], max_turns=3, tool_timeout=5.0,
+            max_grad_norm=0.5, val_generation={**GEN, "temperature": 0.8}, val_samples=2, val_pass_k=[1, 2],
+            max_turns=3, tool_timeout=5.0,
             resume_overrides=["kl_coef"], checkpoint_checksums=False)
 GROUPED = dict(objective=ObjectiveOptions("dapo", kl_coef=0.1, clip_high=0.3, entropy_coef=0.01,
                                           rollout_correction="seq_tis"),
@@ -25,7 +26,8 @@ GROUPED = dict(objective=ObjectiveOptions("dapo", kl_coef=0.1, clip_high=0.3, en
                rewards=RewardOptions(reward_weights=[2.0], reward_on_error="zero", success_threshold=0.5),
                memory=MemoryOptions(micro_batch_size=2, head_gradient="recompute"),
                optimization=OptimizationOptions(updates_per_rollout=2, minibatch_size=4, lr=2e-6, max_grad_norm=0.5),
-               validation=ValidationOptions(val_generation={**GEN, "temperature": 0.8}, val_samples=2, val_pass_k=[1, 2]),
+               validation=ValidationOptions(val_generation={**GEN, "temperature": 0.8}, val_samples=2,
+                                            val_pass_k=[1, 2]),
                agent=AgentOptions(max_turns=3, tool_timeout=5.0),
                checkpointing=CheckpointOptions(resume_overrides=["kl_coef"], checkpoint_checksums=False))
 
@@ -78,7 +80,8 @@ def test_an_objective_group_without_a_preset_takes_the_default_preset(warm_start
 def test_a_group_keyword_refuses_anything_but_its_group_and_groups_refuse_trl_names(warm_start_dir):
     with pytest.raises(TypeError, match=r"memory= takes a MemoryOptions \(lightning_rlpt.options\), got dict"):
         make(warm_start_dir, memory=dict(micro_batch_size=2))
-    with pytest.raises(TypeError, match=r"objective= takes an ObjectiveOptions or a preset name \(lightning_rlpt.options\), got MemoryOptions"):
+    wrong = r"objective= takes an ObjectiveOptions or a preset name \(lightning_rlpt.options\), got MemoryOptions"
+    with pytest.raises(TypeError, match=wrong):
         make(warm_start_dir, objective=MemoryOptions())
     with pytest.raises(TypeError, match="`beta`, which is TRL's name; use `kl_coef`"):
         ObjectiveOptions(beta=0.04)

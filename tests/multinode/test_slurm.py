@@ -94,11 +94,16 @@ def _start_the_requeued_job_now(slurm, job: str, out) -> None:
     """SLURM holds a requeued job for two minutes (``Reason=BeginTime``); an operator's
     ``scontrol update StartTime=now`` releases it, so the test does not wait out the hold."""
     deadline = time.monotonic() + TIMEOUT
-    while "Restarts=0" in (info := slurm.run(["scontrol", "show", "job", job]).stdout) or "JobState=PENDING" not in info:
+    while not _requeued(slurm.run(["scontrol", "show", "job", job]).stdout):
         assert slurm.state(job) in ("RUNNING", "COMPLETING", "PENDING") and time.monotonic() < deadline, \
             f"job {job} was not requeued:\n{_log(out)[-4000:]}"
         time.sleep(0.5)
     assert slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"]).returncode == 0
+
+
+def _requeued(info: str) -> bool:
+    """``scontrol show job``'s text says the job is back in the queue after a requeue."""
+    return "JobState=PENDING" in info and "Restarts=0" not in info
 
 
 @pytest.mark.slow
