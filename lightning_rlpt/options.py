@@ -200,8 +200,7 @@ def _differs(a: Any, b: Any) -> bool:
 def record_flat(module: Any, grouped: dict[str, Any]) -> None:
     """Store the settings that came from groups under their flat names in the module's
     hyper-parameters (and the copy loggers log): what a checkpoint and a CLI config keep. The
-    others stay as Lightning recorded them (a LightningCLI run: as its config wrote them)."""
+    others stay as Lightning recorded them (a LightningCLI run: as its config wrote them); the
+    group keywords themselves are left out by ``save_hyperparameters(ignore=GROUP_ONLY)``."""
     for store in (module.hparams, module._hparams_initial):  # Lightning keeps the initial copy for loggers
-        for name in GROUP_ONLY:
-            store.pop(name, None)
         store.update({name: value for name, value in grouped.items() if name in store})

@@ -94,8 +94,8 @@ def _start_the_requeued_job_now(slurm, job: str, out) -> None:
     """SLURM holds a requeued job for two minutes (``Reason=BeginTime``); an operator's
     ``scontrol update StartTime=now`` releases it, so the test does not wait out the hold."""
     deadline = time.monotonic() + TIMEOUT
-    while not _requeued(slurm.run(["scontrol", "show", "job", job]).stdout):
-        assert slurm.state(job) in ("RUNNING", "COMPLETING", "PENDING") and time.monotonic() < deadline, \
+    while not _requeued(info := slurm.run(["scontrol", "show", "job", job]).stdout):
+        assert re.search(r"JobState=(RUNNING|COMPLETING|PENDING)\b", info) and time.monotonic() < deadline, \
             f"job {job} was not requeued:\n{_log(out)[-4000:]}"
         time.sleep(0.5)
     assert slurm.run(["scontrol", "update", f"JobId={job}", "StartTime=now"]).returncode == 0

@@ -80,8 +80,18 @@ def uniform(seeds: torch.Tensor, step: int, vocab: int, tokens: torch.Tensor | N
         tokens: `token_keys` of ``vocab`` when already computed.
     """
     tokens = token_keys(vocab, seeds.device) if tokens is None else tokens
-    bits = _mix32(row_keys(seeds, step).unsqueeze(1) ^ tokens.unsqueeze(0))
-    return bits.double().add_(0.5).div_(2**32)
+    return _to_unit_(_pair_bits(row_keys(seeds, step), tokens).double())
+
+
+def _pair_bits(keys: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor | None = None,
+               scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """``[rows, vocab]`` 32-bit hashes (int64) of each (row key, token key) pair, into ``out`` when given."""
+    return _mix32(torch.bitwise_xor(keys[:, None], tokens[None], out=out), scratch)
+
+
+def _to_unit_(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes held as float64, mapped in place to the open interval (0, 1)."""
+    return bits.add_(0.5).div_(2**32)
 
 
 # Rows of the noise computed at once on CPU: the int64 hash and its float64 uniforms for this many
@@ -108,10 +118,7 @@ def gumbel_scores(scores: torch.Tensor, seeds: torch.Tensor, step: int, tokens: 
     for start in range(0, rows, block):
         stop = min(start + block, rows)
         x, t, u = bits[: stop - start], shifted[: stop - start], noise[: stop - start]
-        torch.bitwise_xor(keys[start:stop, None], tokens[None], out=x)
-        _mix32(x, t)
-        u.copy_(x)
-        u.add_(0.5).div_(2**32).log_().neg_().log_().neg_()  # -log(-log u), as `uniform` then RowSampler did
+        _to_unit_(u.copy_(_pair_bits(keys[start:stop], tokens, x, t))).log_().neg_().log_().neg_()  # -log(-log u)
         torch.add(scores[start:stop], u.float(), out=out[start:stop])
     return out
 
