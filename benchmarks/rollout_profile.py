@@ -42,7 +42,7 @@ ENGINES = ("hf", "vllm")
 # with the largest cumulative time is taken, so nested calls of the same function count once.
 PARTS = {
     "hf": {"model forward": ("modeling_llama.py", "forward"),
-           "sampler (RowSampler: counter-hash Gumbel noise, argmax)": ("per_row.py", "__call__"),
+           "sampler (RowSampler: inverse CDF over the processed softmax)": ("per_row.py", "__call__"),
            "generate() loop": ("generation/utils.py", "_sample"),
            "engine call (ours, around generate)": ("rollout/hf.py", "generate")},
     "vllm": {"model forward": ("model_executor/models/llama.py", "forward"),
@@ -54,7 +54,7 @@ PARTS = {
              "engine call (ours, around LLM.generate)": ("rollout/vllm/engine.py", "generate")},
 }
 # Parts that contain others: shown as their own time less what they contain.
-NESTED = {"hf": {"generate() loop": ["model forward", "sampler (RowSampler: counter-hash Gumbel noise, argmax)"],
+NESTED = {"hf": {"generate() loop": ["model forward", "sampler (RowSampler: inverse CDF over the processed softmax)"],
                  "engine call (ours, around generate)": ["generate() loop"]},
           "vllm": {"LLM.generate": ["model forward", "logits (LM head)", "sampler (vLLM's, processed log-probs)",
                                     "scheduler", "output processing (detokenizer, log-probs)"],

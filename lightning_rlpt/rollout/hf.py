@@ -18,7 +18,7 @@ class HFGenerateEngine(RolloutEngine):
     """``transformers.generate`` on the policy itself (always on-policy, no weight copy).
 
     Every row samples with its own seed (`per_row.request_seeds`, as the vLLM engines do)
-    through `per_row.RowSampler`'s Gumbel-max, so a completion depends only on its row's
+    through `per_row.RowSampler` (inverse-CDF sampling), so a completion depends only on its row's
     seed and prompt: never on the other rows, on ``SamplingConfig.max_batch_rows`` chunks, on
     micro-batching or on the rank layout. No torch RNG is used: the global stream is untouched
     and a resumed run samples exactly what an uninterrupted one does. ``SamplingConfig.min_p``

@@ -28,7 +28,7 @@ def test_each_part_is_its_own_time_and_a_nested_match_counts_once():
                     ("/x/transformers/generation/utils.py", "_sample", 3.5),
                     ("/x/lightning_rlpt/rollout/hf.py", "generate", 4.0)])
     parts = rollout_profile.split(stats, "hf")
-    assert parts == {"model forward": 2.0, "sampler (RowSampler: counter-hash Gumbel noise, argmax)": 1.0,
+    assert parts == {"model forward": 2.0, "sampler (RowSampler: inverse CDF over the processed softmax)": 1.0,
                      "generate() loop": 0.5, "engine call (ours, around generate)": 0.5}
 
 

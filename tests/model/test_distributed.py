@@ -82,7 +82,15 @@ def test_two_processes_with_micro_batches_match_one_pass_on_one(strategy, cap, s
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), f"step {step} {key}: {a[key]} vs {b[key]}"
     for key in ref_weights:
-        assert torch.allclose(weights[key], ref_weights[key], atol=1e-5), key
+        if "--padding-free" not in cap:
+            assert torch.allclose(weights[key], ref_weights[key], atol=1e-5), key
+            continue
+        # Packed rows attend within one long row under a block-diagonal mask, so the gradients differ from
+        # the padded run's by float32 noise. AdamW's first update, lr * g / (|g| + eps), turns that noise
+        # into up to ±lr on an element whose gradient is near zero (4 of lm_head's 1,920 once moved 1.3e-4
+        # apart, every other weight within 7e-6): a few such elements, each within 2 lr per step (lr 1e-4).
+        far = (weights[key] - ref_weights[key]).abs()
+        assert (far > 1e-5).float().mean() < 0.005 and far.max() < 3 * 2e-4, (key, far.max(), (far > 1e-5).sum())
 
 
 @pytest.mark.slow
