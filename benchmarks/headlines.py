@@ -70,6 +70,17 @@ def seed_rollout_table() -> str:
     return "\n".join(lines) + f"\n\n{ratios}\n"
 
 
+def inverse_cdf_line() -> str:
+    """The HF engine's rollout with the Gumbel-max sampler (its last commit) and with inverse CDF."""
+    data = load("inverse_cdf_rollout.json")
+    paired, medians = data["paired_speedups"], data["median_s"]
+    return (f"HF engine, one `generate` call of {data['prompts'] * data['group']} rows × {data['new_tokens']} tokens, "
+            f"vocabulary 32,000, fp32: Gumbel-max ({data['before_commit']}) {medians['before']:.2f} s, inverse CDF "
+            f"{medians['after']:.2f} s, {data['speedup']:.2f}× as fast (paired ratios {min(paired):.2f}–{max(paired):.2f}; "
+            f"medians of {len(data['seconds']['after'])} alternating runs each in its own process, {data['measured']}, "
+            f"`{data['command']}`).\n")
+
+
 def demo() -> str:
     data, held_out = load("demo.json"), example_module("examples/arithmetic/demo_report.py").HELD_OUT
     return (f"- The demo: held-out accuracy {data['before']:.1%} → {data['after']:.1%} after {data['steps']} GRPO "
@@ -206,7 +217,7 @@ BLOCKS = {README: {"headlines": headlines},
           RESULTS_PAGE: {"demo": lambda: f"```\n{demo_line()}\n```\n",
                          "calculator": lambda: f"```\n{calculator_table()}\n```\n",
                          "seed-rollout": seed_rollout_table, "floor": floor_table, "floor-ratios": floor_ratios,
-                         "rollout-profile": rollout_profile_table,
+                         "rollout-profile": rollout_profile_table, "inverse-cdf": inverse_cdf_line,
                          "engines": lambda: rollout_throughput_report.table(load("rollout_throughput.json")),
                          "ablations": lambda: ablations("summary")},
           CALLBACKS_PAGE: {"ablations": lambda: ablations("table")},

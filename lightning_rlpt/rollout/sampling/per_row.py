@@ -10,8 +10,8 @@ probability ``softmax(scores)`` exactly as multinomial sampling does, from one u
 and decoding step, a counter-based hash of ``(seed_r, t)`` (`row_uniform`). A torch generator
 per row would work too, but costs a kernel launch per row and step; the hash is one vectorised
 pass over the rows, needs no RNG state (the global torch RNG is untouched) and is the same on
-CPU and GPU. (Gumbel-max, which this replaced, needs a uniform per token: at a 32,000 vocabulary
-its noise took five times as long as the whole inverse-CDF draw.)
+CPU and GPU. (Gumbel-max, which this replaced, needs a hashed uniform and two logarithms per
+token: docs/results.md, "Where the rollout's time goes", has what each cost.)
 """
 from __future__ import annotations
 
@@ -83,12 +83,19 @@ def row_uniform(seeds: torch.Tensor, step: int) -> torch.Tensor:
     return bits.double().add_(0.5).div_(2**52)
 
 
+# Rows sampled at once on CPU: their float32 exponentials and float64 cumulative sums (12 bytes a
+# token) stay in cache, and nothing of ``[rows, vocab]`` size is allocated per step (at 128 × 32,000,
+# fresh whole-batch buffers each step took about twice as long, with the same bits).
+CACHE_BYTES = 1 << 20
+
+
 def inverse_cdf(scores: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's token drawn from ``softmax(scores)`` by its uniform ``u``, and its log-prob.
 
     The token is the first whose cumulative probability exceeds ``u`` times the row's total. The
     cumulative sum runs in float64: in float32 its rounding (about 1e-7 of the running total)
-    would misweight every token rarer than that.
+    would misweight every token rarer than that. Computed a block of rows at a time (`CACHE_BYTES`;
+    one block on a GPU).
 
     Args:
         scores: ``[rows, vocab]`` float32 (-inf where a warper removed a token: never drawn).
@@ -97,18 +104,28 @@ def inverse_cdf(scores: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, to
     Returns:
         ``[rows, 1]`` token ids, and ``[rows]`` float32 ``log_softmax(scores)`` at them.
     """
+    rows, vocab = scores.shape
     top = scores.amax(-1, keepdim=True)
     if not torch.isfinite(top).all():
         bad = (~torch.isfinite(top.squeeze(-1))).nonzero().flatten().tolist()
         raise ValueError(f"RowSampler: rows {bad[:8]} cannot be sampled: their largest score is "
                          f"{top.flatten()[bad[0]].item()} (the model's logits are NaN/inf, or a logits processor "
                          f"removed every token)")
-    cdf = torch.sub(scores, top).exp_().double().cumsum_(-1)  # (cumsum's dtype= argument is 3x slower on CPU)
-    total = cdf[:, -1:]
-    # u <= 1 - 2**-53 rounds u * total below total, so some token's cumulative sum exceeds it: at
-    # worst the last one drawable (the removed tokens after it add exactly 0)
-    token = torch.searchsorted(cdf, u[:, None] * total, right=True)
-    logprob = (scores.gather(-1, token) - top).double() - total.log()
+    block = rows if scores.device.type != "cpu" else max(1, min(rows, CACHE_BYTES // (12 * vocab)))
+    exps = torch.empty(block, vocab, dtype=torch.float32, device=scores.device)
+    sums = torch.empty(block, vocab, dtype=torch.float64, device=scores.device)
+    token = torch.empty(rows, 1, dtype=torch.long, device=scores.device)
+    totals = torch.empty(rows, 1, dtype=torch.float64, device=scores.device)
+    for start in range(0, rows, block):
+        n = min(block, rows - start)
+        rows_ = slice(start, start + n)
+        torch.sub(scores[rows_], top[rows_], out=exps[:n]).exp_()
+        cdf = sums[:n].copy_(exps[:n]).cumsum_(-1)
+        totals[rows_] = cdf[:, -1:]
+        # u <= 1 - 2**-53 rounds u * total below total, so some token's cumulative sum exceeds it: at
+        # worst the last one drawable (the removed tokens after it add exactly 0)
+        torch.searchsorted(cdf, u[rows_, None] * totals[rows_], right=True, out=token[rows_])
+    logprob = (scores.gather(-1, token) - top).double() - totals.log()
     return token, logprob.squeeze(-1).float()
 
 

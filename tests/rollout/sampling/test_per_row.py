@@ -92,6 +92,23 @@ def test_the_cumulative_sum_keeps_rare_tokens_weight():
     assert torch.equal(token, expected) and len(set(token.flatten().tolist())) == 4
 
 
+@pytest.mark.parametrize("rows, vocab", [(9, 32_000), (3, 151_936), (5, 50), (1, 7)])
+def test_the_blocked_draw_is_the_whole_batch_definition_bit_for_bit(rows, vocab):
+    """`inverse_cdf` works a few rows at a time (2 rows a block at 32,000; 151,936 is wider than the
+    block); the tokens and log-probs must be those of one pass over the whole batch, or every HF draw
+    would depend on the block size."""
+    g = torch.Generator().manual_seed(rows)
+    scores = torch.randn(rows, vocab, generator=g) * 4
+    scores[0, : min(3, vocab - 1)] = float("-inf")
+    u = row_uniform(torch.randint(0, 2**62, (rows,), generator=g), 4)
+    top = scores.amax(-1, keepdim=True)
+    cdf = (scores - top).exp().double().cumsum(-1)
+    expected = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)
+    token, logprob = inverse_cdf(scores, u)
+    assert torch.equal(token, expected)
+    assert torch.equal(logprob, ((scores.gather(-1, expected) - top).double() - cdf[:, -1:].log()).squeeze(-1).float())
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("-inf"), float("inf")])
 def test_a_row_with_nothing_finite_to_sample_is_refused(bad):
     scores = torch.zeros(3, 5)
