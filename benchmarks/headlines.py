@@ -93,15 +93,27 @@ def calculator() -> str:
             f"products, {bare['accuracy_after']:.0%} without.").replace("%", " %")
 
 
+def peak(precision: str, cpu: str, figure: str) -> float:
+    """floor.json's matrix-product peak at ``precision``, for a ``figure`` measured on ``cpu``: a ratio
+    to the floor needs both from one host (a VM's CPU can change between sessions), so another is refused."""
+    data = load("floor.json")
+    if cpu != data["machine"]["cpu_model"]:
+        raise SystemExit(f"{figure} was measured on {cpu!r}, floor.json's peaks on {data['machine']['cpu_model']!r}: "
+                         f"a ratio to the floor needs both from one host; run `python benchmarks/floor.py --measure` on "
+                         f"the host of the figure (or measure the figure again where the peaks were)")
+    return data["peaks"][f"cpu_{precision}"]["flop_per_s"]
+
+
 def against_trl() -> str:
     """Like for like at vocabulary 32,000: TRL's median step over our HF engine's, and peak RSS."""
-    runs = load("vs_trl.json")["throughput_vocab32k"]["runs"]
+    phase = load("vs_trl.json")["throughput_vocab32k"]
+    runs = phase["runs"]
     step = like_for_like_steps(runs)
-    peak = {e: max(r["peak_rss_mb"] for r in runs if r["engine"] == e) for e in ("trl", "hf")}
-    floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), load("floor.json")["peaks"]["cpu_fp32"]["flop_per_s"])
+    rss = {e: max(r["peak_rss_mb"] for r in runs if r["engine"] == e) for e in ("trl", "hf")}
+    floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), peak("fp32", phase["cpu"], "vs_trl.json's fp32 step"))
     line = (f"- Against TRL 1.16, like for like (both on `transformers.generate`, vocabulary 32,000): a step\n"
-            f"  {step['trl'] / step['hf']:.2f}× faster than `GRPOTrainer`'s, at {peak['hf']:,.0f} MB peak RSS against "
-            f"{peak['trl']:,.0f} MB; {floor:.1f}× the step's fp32 matrix-product floor.")
+            f"  {step['trl'] / step['hf']:.2f}× faster than `GRPOTrainer`'s, at {rss['hf']:,.0f} MB peak RSS against "
+            f"{rss['trl']:,.0f} MB; {floor:.1f}× the step's fp32 matrix-product floor.")
     return line + bf16_pair()
 
 
@@ -115,8 +127,9 @@ def bf16_pair() -> str:
     results = load("vs_trl.json")
     if "throughput_vocab32k_bf16" not in results:
         return ""
-    step = like_for_like_steps(results["throughput_vocab32k_bf16"]["runs"])
-    floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), load("floor.json")["peaks"]["cpu_bf16"]["flop_per_s"])
+    phase = results["throughput_vocab32k_bf16"]
+    step = like_for_like_steps(phase["runs"])
+    floor = floors.ratio_to_floor(step["hf"], floors.reference_step(), peak("bf16", phase["cpu"], "vs_trl.json's bf16 step"))
     return (f"\n  In bf16 (TRL `bf16=True`, ours `precision=\"bf16-mixed\"`): {step['trl'] / step['hf']:.2f}× faster; "
             f"{floor:.1f}× the bf16 floor.")
 
@@ -166,14 +179,15 @@ def floor_ratios() -> str:
     for precision, key in (("fp32", "throughput_vocab32k"), ("bf16", "throughput_vocab32k_bf16")):
         if key not in results or f"cpu_{precision}" not in data["peaks"]:
             continue
-        runs, peak = results[key], data["peaks"][f"cpu_{precision}"]["flop_per_s"]
+        runs = results[key]
+        top = peak(precision, runs["cpu"], f"vs_trl.json's {key}")
         dates.append(f"{precision} {runs['date'][:10]}")
         for engine in vs_trl_report.ORDER:
             rs = [r for r in runs["runs"] if r["engine"] == engine]
             if rs:
                 step = vs_trl_report._median(rs, "median_step_s")
                 lines.append(f"| {vs_trl_report.NAMES[engine]} | {precision} | {step:.2f} | "
-                             f"{floors.ratio_to_floor(step, shape, peak):.1f} |")
+                             f"{floors.ratio_to_floor(step, shape, top):.1f} |")
     return (f"Measured against it (the steps of [Against TRL](#against-trl), {', '.join(dates)}; the "
             f"peaks {data['date'][:10]}):\n\n" + "\n".join(lines) + "\n")
 
@@ -196,6 +210,7 @@ def head_gradient_table() -> str:
 def rollout_profile_table() -> str:
     """`benchmarks/rollout_profile.py`: each engine's rollout against its floor, and its parts."""
     data = load("rollout_profile.json")
+    peak("fp32", data["machine"]["model"], "rollout_profile.json")  # its ratios were taken against floor.json's peak
     engines = data["engines"]
     names = {"hf": "HF engine", "vllm": "`VLLMEngine`"}
     lines = [f"Measured {data['date'][:10]} (`python benchmarks/rollout_profile.py`): 16 prompts × 8 completions × "

@@ -139,3 +139,23 @@ def _llama(m: Decoder):
                          num_hidden_layers=m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
                          head_dim=m.head_dim, tie_word_embeddings=m.tied, attn_implementation="eager")
     return LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("render", ["floor_ratios", "against_trl", "rollout_profile_table"])
+def test_a_ratio_to_a_floor_measured_on_another_host_is_refused(render, monkeypatch):
+    """The committed step and rollout figures render against floor.json's peaks only when both come from
+    one CPU (this VM's CPU model changed between sessions; a ratio across hosts would look like a fix)."""
+    import headlines
+
+    real = headlines.load
+
+    def load(name):
+        data = real(name)
+        if name == "floor.json":
+            data["machine"]["cpu_model"] = "another CPU"
+        return data
+
+    getattr(headlines, render)()  # the committed figures share a host
+    monkeypatch.setattr(headlines, "load", load)
+    with pytest.raises(SystemExit, match="floor.json's peaks on 'another CPU': a ratio to the floor needs both"):
+        getattr(headlines, render)()
