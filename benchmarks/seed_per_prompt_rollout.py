@@ -16,7 +16,11 @@ steadier figure on a shared machine); the time is one ``engine.generate`` call a
 
 ``--default-seeds`` measures the default rollout (``seed_per_prompt=False``) instead: before, one
 call sampling from one torch stream (``softmax`` + ``multinomial``); after, one call through the
-per-row Gumbel-max sampler. Both are one call, so the difference is the sampler's own cost.
+per-row sampler. Both are one call, so the difference is the sampler's own cost.
+
+``--before`` may name any commit: ``--default-seeds --before 81e7602 --out
+benchmarks/results/inverse_cdf_rollout.json`` times the per-row Gumbel-max sampler against the
+inverse-CDF one that replaced it (docs/results.md renders both JSONs).
 
 Writes ``benchmarks/results/seed_per_prompt_rollout.json`` and prints a markdown table.
 """
@@ -34,6 +38,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_BEFORE = "13e697e"  # the last commit before per-row sampling
 ROOT = os.path.dirname(HERE)
 
 
@@ -87,7 +92,7 @@ def run(tree: str, args: argparse.Namespace) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", default="13e697e", help="the commit before per-row sampling")
+    p.add_argument("--before", default=DEFAULT_BEFORE, help="the commit to compare with (default: the one before per-row sampling)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
@@ -119,6 +124,8 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     calls, how = (1, "one torch stream") if args.default_seeds else (args.prompts, "group by group")
+    if args.before != DEFAULT_BEFORE:  # another comparison: only the commit names the before side
+        calls, how = 1, "one call"
     print(f"| HF engine, seed_per_prompt={not args.default_seeds} | generate calls | median s | runs |\n|---|---:|---:|---:|")
     print(f"| before ({args.before}): {how} | {calls} | {medians['before']:.2f} | {args.reps} |")
     print(f"| after: per-row seeds, one call | 1 | {medians['after']:.2f} | {args.reps} |")
