@@ -210,13 +210,15 @@ def head_gradient_table() -> str:
 def rollout_profile_table() -> str:
     """`benchmarks/rollout_profile.py`: each engine's rollout against its floor, and its parts."""
     data = load("rollout_profile.json")
-    peak("fp32", data["machine"]["model"], "rollout_profile.json")  # its ratios were taken against floor.json's peak
+    # the floor at render time, from floor.json's peak on the same host, as floor_ratios does
+    top = peak("fp32", data["machine"]["model"], "rollout_profile.json")
+    floor_s = floors.floor(floors.reference_step(), top)["seconds"]["rollout"]
     engines = data["engines"]
     names = {"hf": "HF engine", "vllm": "`VLLMEngine`"}
     lines = [f"Measured {data['date'][:10]} (`python benchmarks/rollout_profile.py`): 16 prompts × 8 completions × "
-             f"32 tokens, fp32; the rollout's floor {data['rollout_floor_s']:.2f} s.", "",
+             f"32 tokens, fp32; the rollout's floor {floor_s:.2f} s.", "",
              "| engine | median rollout (s) | × rollout floor |", "|---|---:|---:|"]
-    lines += [f"| {names[e]} | {r['seconds']:.2f} | {r['floor_ratio']:.1f} |" for e, r in engines.items()]
+    lines += [f"| {names[e]} | {r['seconds']:.2f} | {r['seconds'] / floor_s:.1f} |" for e, r in engines.items()]
     for e, r in engines.items():
         lines += ["", f"{names[e]}, shares of one profiled call:", "", "| part | share |", "|---|---:|"]
         lines += [f"| {part} | {100 * share:.0f} % |" for part, share in r["shares"].items()]
