@@ -225,6 +225,11 @@ def rollout_profile_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def vs_trl_block(phase: str):
+    """Renders one throughput phase of vs_trl.json: its table and how it was measured."""
+    return lambda: vs_trl_report.throughput_section(load("vs_trl.json")[phase])
+
+
 def headlines() -> str:
     return "\n".join([demo(), calculator(), against_trl(), memory(), kernel(), floor_line()]) + "\n"
 
@@ -236,7 +241,9 @@ BLOCKS = {README: {"headlines": headlines},
                          "seed-rollout": seed_rollout_table, "floor": floor_table, "floor-ratios": floor_ratios,
                          "rollout-profile": rollout_profile_table, "inverse-cdf": inverse_cdf_line,
                          "engines": lambda: rollout_throughput_report.table(load("rollout_throughput.json")),
-                         "ablations": lambda: ablations("summary")},
+                         "ablations": lambda: ablations("summary"),
+                         **{f"vs-trl-{key.replace('_', '-')}": vs_trl_block(f"throughput_{key}")
+                            for key in ("vocab32k", "vocab32k_bf16", "small")}},
           CALLBACKS_PAGE: {"ablations": lambda: ablations("table")},
           KERNELS_PAGE: {"head-gradient": head_gradient_table},
           AGENTS_EXAMPLE: {"calculator": lambda: f"```\n{calculator_table()}\n```\n"}}

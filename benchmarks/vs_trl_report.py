@@ -91,6 +91,19 @@ def contention(ph: dict) -> str:
     return contention_note(ph["runs"], ph.get("idle", IDLE), ph["cpus"])
 
 
+def throughput_section(ph: dict) -> str:
+    """One throughput phase's table and how it was measured (also docs/results.md's blocks)."""
+    return "\n".join([
+        table(ph["runs"]), "",
+        f"Measured {ph['date']}, {ph['cpus']} CPU cores ({ph.get('cpu', 'CPU model not recorded')}); random init, {PROMPTS} prompts × {GROUP} completions "
+        f"× ≤ {MAX_NEW} new tokens per step, {ph['steps']} steps per run (median of steps 2..{ph['steps']}), "
+        f"{ph['repeats']} runs per engine in alternating processes; TRL with gradient_checkpointing=False. "
+        f"1-minute load average {ph['load_before']:.1f} before, {ph['load_after']:.1f} after the phase "
+        f"(per run: {min(r['load_start'] for r in ph['runs']):.1f}–"
+        f"{max(max(r['load_start'], r['load_end']) for r in ph['runs']):.1f}); " + contention(ph) + " Versions: "
+        + ", ".join(f"{k} {v}" for k, v in ph["versions"].items()) + ".", ""])
+
+
 def report(data: dict) -> str:
     """The markdown, rebuilt from everything recorded in the JSON (so phases can run separately)."""
     out = ["# lightning-rlpt vs TRL (benchmarks/vs_trl.py)", ""]
@@ -101,14 +114,7 @@ def report(data: dict) -> str:
         shape = SIZES[ph["size"]]
         precision = PRECISIONS[ph.get("precision", "fp32")]["title"]
         out += [f"## Throughput: {shape['layers']} × {shape['hidden']} Llama, vocabulary {shape['vocab']:,}, {precision}", "",
-                f"Measured {ph['date']}, {ph['cpus']} CPU cores ({ph.get('cpu', 'CPU model not recorded')}); random init, {PROMPTS} prompts × {GROUP} completions "
-                f"× ≤ {MAX_NEW} new tokens per step, {ph['steps']} steps per run (median of steps 2..{ph['steps']}), "
-                f"{ph['repeats']} runs per engine in alternating processes; TRL with gradient_checkpointing=False. "
-                f"1-minute load average {ph['load_before']:.1f} before, {ph['load_after']:.1f} after the phase "
-                f"(per run: {min(r['load_start'] for r in ph['runs']):.1f}–"
-                f"{max(max(r['load_start'], r['load_end']) for r in ph['runs']):.1f}); " + contention(ph) + " Versions: "
-                + ", ".join(f"{k} {v}" for k, v in ph["versions"].items()) + ".", "",
-                table(ph["runs"]), "", "<details><summary>every run</summary>", "", per_run_lines(ph["runs"]), "",
+                throughput_section(ph), "<details><summary>every run</summary>", "", per_run_lines(ph["runs"]), "",
                 "</details>", ""]
     if "trl_vllm" in data:
         t = data["trl_vllm"]
