@@ -43,8 +43,11 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) examples/arithmetic/run.py
 
+# One pytest-xdist worker per core, a test file per worker at a time (its module fixtures, e.g. two
+# vLLM servers, start once); TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # The documentation site in site/ (MkDocs, Material, the API reference from the docstrings).
 docs: $(STAMP)

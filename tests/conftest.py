@@ -14,7 +14,13 @@ sys.path.insert(0, TESTS)  # the shared helpers (tiny_task, callback_helpers, re
 
 import tiny_task as task  # noqa: E402
 
-torch.set_num_threads(2)
+# One thread per pytest-xdist worker (`make test` runs one per core), two in a plain run; the
+# processes a test starts (vllm serve, torchrun ranks, examples) inherit OMP_NUM_THREADS.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+else:
+    torch.set_num_threads(2)
 # The bf16 cases check correctness, not speed: run them on CPUs without bf16 instructions too
 # (their processes inherit it). The refusal itself is tested with this unset.
 os.environ.setdefault("LIGHTNING_RLPT_ALLOW_SLOW_BF16", "1")

@@ -83,8 +83,12 @@ def test_the_engine_reload_filters_drop_two_idle_messages_and_keep_the_sign_of_a
     reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     bnb_log = logging.getLogger("bitsandbytes.backends.cpu.ops")
     handler = Keep()
+    # The filters alone, whatever ran before in this process: `import trl` sets VLLM_LOGGING_LEVEL=ERROR
+    # (trl/_compat.py), and a vLLM engine started after it logs nothing below ERROR.
+    levels = [log.level for log in (reload_log, bnb_log)]
     for log in (reload_log, bnb_log):
         log.addHandler(handler)
+        log.setLevel(logging.WARNING)
     try:
         reload_log.warning("%s: Failed to load weights", "RotaryEmbedding")
         reload_log.warning("%s: Failed to load weights", "Llama3RotaryEmbedding")
@@ -92,6 +96,7 @@ def test_the_engine_reload_filters_drop_two_idle_messages_and_keep_the_sign_of_a
         bnb_log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "no kernels")
         bnb_log.warning("some other bitsandbytes warning")
     finally:
-        for log in (reload_log, bnb_log):
+        for log, level in zip((reload_log, bnb_log), levels):
             log.removeHandler(handler)
+            log.setLevel(level)
     assert seen == ["ParallelLMHead: Failed to load weights", "some other bitsandbytes warning"]

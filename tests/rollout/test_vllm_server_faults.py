@@ -142,9 +142,10 @@ quiet_trainer(max_steps=100, callbacks=[callback, Mark()]).fit(
 
 
 def start_trainer(tmp_path, model: str) -> tuple[subprocess.Popen, str, str]:
-    """A trainer process with ``launch=`` (its temporary folders under ``tmp_path/tmp``); returns
+    """A trainer process with ``launch=`` (its temporary folders under ``tmp_path/tmp`` plus 60
+    characters: past the length at which vLLM's socket paths no longer fit, `server.rpc_base`); returns
     it, the folder its temporary files go to and the marker file it writes at step 1."""
-    tmp, marker = tmp_path / "tmp", tmp_path / "step1"
+    tmp, marker = tmp_path / ("tmp" + "-" * 60), tmp_path / "step1"
     tmp.mkdir()
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER.format(tests=TESTS, marker=str(marker), model=model, logs=str(tmp_path / "logs")))
@@ -152,6 +153,22 @@ def start_trainer(tmp_path, model: str) -> tuple[subprocess.Popen, str, str]:
     child = subprocess.Popen([PYTHON, str(script)], stdout=subprocess.DEVNULL, stderr=stderr,
                              env={**os.environ, "TMPDIR": str(tmp)})
     return child, str(tmp), str(marker)
+
+
+def test_a_temp_dir_too_long_for_vllm_socket_paths_moves_them_to_tmp(monkeypatch):
+    """vLLM names its sockets <temp dir>/<uuid4> and a socket path holds 107 bytes: a longer temp dir
+    would kill the server at start (ZMQError), so its sockets go to /tmp; the user's own base is kept
+    when it fits and refused, with the limit, when it does not."""
+    from lightning_rlpt.rollout.vllm.server import RPC_BASE_MAX, rpc_base
+
+    fits, too_long = "/t" + "x" * (RPC_BASE_MAX - 2), "/t" + "x" * (RPC_BASE_MAX - 1)
+    assert rpc_base({"TMPDIR": fits}) == {}
+    assert rpc_base({"TMPDIR": too_long}) == {"VLLM_RPC_BASE_PATH": "/tmp"}
+    assert rpc_base({"TMP": too_long}) == {"VLLM_RPC_BASE_PATH": "/tmp"}
+    assert rpc_base({"TMPDIR": too_long, "VLLM_RPC_BASE_PATH": fits}) == {}
+    with pytest.raises(ValueError, match=rf"VLLM_RPC_BASE_PATH='/tx+' has {RPC_BASE_MAX + 1} characters.*at most "
+                                         rf"{RPC_BASE_MAX} characters"):
+        rpc_base({"VLLM_RPC_BASE_PATH": too_long})
 
 
 def run_dirs(tmp: str) -> list[str]:

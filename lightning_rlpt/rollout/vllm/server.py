@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Iterator
@@ -36,6 +37,9 @@ from ..servers.ports import free_port
 from .engine import LOGPROBS_MODE
 
 GUARD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")  # run as a script: no package import
+# vLLM binds its engine's ZMQ sockets at <VLLM_RPC_BASE_PATH, default the temp dir>/<uuid4>, and a
+# Unix socket path holds at most 107 bytes (sockaddr_un): the base may have 107 - 37 = 70.
+RPC_BASE_MAX = 70
 
 
 def server_command(model: str, port: int, *, dtype: str = "float32", max_model_len: int = 128,
@@ -124,6 +128,7 @@ class VLLMServer:
         log_path = os.path.join(log_dir, f"vllm-{port}.log")
         full_env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **(env or {})}
         full_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # set to 0 by the colocated engine; a server needs its own
+        full_env.update(rpc_base(full_env))
         with open(log_path, "ab") as log:
             guard = [sys.executable, GUARD, str(os.getpid())] + [a for d in remove or [] for a in ("--remove", d)]
             process = subprocess.Popen(guard + ["--"] + server_command(model, port, **options), stdout=log,
@@ -207,3 +212,25 @@ class VLLMServer:
             self.stop(grace=2.0)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def rpc_base(env: dict[str, str]) -> dict[str, str]:
+    """What to add to a server's ``env`` so that vLLM's socket paths fit: nothing when they do; under
+    a temp dir longer than `RPC_BASE_MAX` (a scheduler's or a test runner's), ``VLLM_RPC_BASE_PATH=/tmp``,
+    since the server would otherwise die at start with a ZMQ error after importing vLLM. A
+    ``VLLM_RPC_BASE_PATH`` the user set is kept, or refused when too long."""
+    if "VLLM_RPC_BASE_PATH" in env:
+        base = env["VLLM_RPC_BASE_PATH"]
+        if len(base) > RPC_BASE_MAX:
+            raise ValueError(f"VLLM_RPC_BASE_PATH={base!r} has {len(base)} characters; vLLM's socket paths under it "
+                             f"would pass the 107-byte limit of a Unix socket: use a directory of at most "
+                             f"{RPC_BASE_MAX} characters")
+        return {}
+    temp = next((env[k] for k in ("TMPDIR", "TEMP", "TMP") if env.get(k)), None) or tempfile.gettempdir()
+    if len(temp) <= RPC_BASE_MAX:
+        return {}
+    if not os.access("/tmp", os.W_OK):
+        raise ValueError(f"the temp dir {temp!r} has {len(temp)} characters, too long for vLLM's socket paths "
+                         f"(107 bytes with a 37-character name), and /tmp is not writable: set VLLM_RPC_BASE_PATH "
+                         f"to a writable directory of at most {RPC_BASE_MAX} characters")
+    return {"VLLM_RPC_BASE_PATH": "/tmp"}
