@@ -209,6 +209,8 @@ class Cluster:
         if self._lock is None:
             raise RuntimeError(f"cluster {self.token!r} is held by another process ({owner(self.token)})")
         self.tag = f"{PREFIX}{self.token}"
+        # Two clusters (two pytest-xdist workers) may draw the same net: harmless, since each cluster's
+        # bridge lives in its own switch namespace and no address is given in the root namespace.
         self.net = 100 + zlib.crc32(self.token.encode()) % 100 if net is None else net
         self.switch = f"{self.tag}-sw"
         self.hosts = {h: f"10.{self.net}.0.{i + 1}" for i, h in enumerate(hosts)}
