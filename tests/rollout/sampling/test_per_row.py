@@ -175,9 +175,8 @@ class Record(Callback):
         self.metrics.append({k: trainer.callback_metrics[k].item() for k in ("loss", "grad_norm")})
 
 
-def _fit(model_dir, rows, **kwargs):
-    kwargs.setdefault("lr", 1e-3)
-    module = RLModule(model_dir, reward_funcs=[task.exact_answer], group_size=4, seed=5,
+def _fit(model_dir, rows, lr=1e-3, **kwargs):
+    module = RLModule(model_dir, reward_funcs=[task.exact_answer], group_size=4, seed=5, lr=lr,
                       generation=dict(max_new_tokens=6, max_prompt_length=8), **kwargs)
     record = Record()
     rollout = module.rollout_and_score
