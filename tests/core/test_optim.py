@@ -103,6 +103,35 @@ def test_schedule_resumes_exactly(tmp_path, warm_start_dir, arithmetic_rows):
     assert straight[0][3]["lr-AdamW"] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi / 6)).item())))
 
 
+def test_the_default_adamw_is_fused_as_transformers_default_is_and_steps_as_the_unfused_one(warm_start_dir, arithmetic_rows,
+                                                                                           tmp_path):
+    """transformers (torch >= 2.8) gives TRL's trainers ``adamw_torch_fused``; ours is fused too, in a
+    fit, and its steps equal torch's unfused AdamW's up to rounding. Parameters the kernel does not
+    take (``meta``, as at construction) get torch's default instead."""
+    from transformers import TrainingArguments
+
+    from lightning_rlpt.optim import default_optimizer
+
+    assert TrainingArguments(output_dir=str(tmp_path)).optim == "adamw_torch_fused"
+    module = _module(warm_start_dir, lr=1e-3)
+    trainer = quiet_trainer(max_steps=1)
+    trainer.fit(module, datamodule=PromptDataModule(arithmetic_rows, batch_size=8))
+    assert type(trainer.optimizers[0]) is torch.optim.AdamW and trainer.optimizers[0].defaults["fused"] is True
+
+    torch.manual_seed(0)
+    ours, theirs = (torch.nn.Parameter(torch.randn(64, 300)) for _ in range(2))
+    theirs.data.copy_(ours.data)
+    opts = (default_optimizer(lr=1e-2, weight_decay=0.1)([ours]),
+            torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.1, foreach=False))
+    for _ in range(5):
+        grad = torch.randn(64, 300)
+        for p, opt in zip((ours, theirs), opts):
+            p.grad = grad.clone()
+            opt.step()
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert default_optimizer()([torch.nn.Parameter(torch.zeros(2, device="meta"))]).defaults["fused"] is None
+
+
 def test_bitsandbytes_8bit_adamw_trains_on_cpu(warm_start_dir, arithmetic_rows):
     import bitsandbytes as bnb
 
