@@ -53,6 +53,19 @@ def test_a_row_draws_each_step_afresh():
     assert abs(same - expected) < 4 * (expected * (1 - expected) / n) ** 0.5
 
 
+def test_each_step_returns_only_its_own_pick_though_the_scores_buffer_is_reused():
+    """The returned scores are 0 at this step's token and -inf everywhere else, at every step (the
+    buffer kept across steps has the previous marks reset), and a batch of another shape gets its own."""
+    torch.manual_seed(0)
+    sampler = RowSampler(list(range(6)), prompt_width=2, record=True)
+    for width, rows in ((2, 6), (3, 6), (4, 6), (5, 6), (2, 4)):
+        scores = torch.randn(rows, 50)
+        sampler.seeds = torch.arange(rows)
+        out = sampler(torch.zeros(rows, width, dtype=torch.long), scores)
+        token = inverse_cdf(scores.float(), row_uniform(torch.arange(rows), width - 2))[0]
+        assert torch.equal(out, torch.full((rows, 50), float("-inf")).scatter_(-1, token, 0.0)), width
+
+
 def test_the_row_uniform_is_uniform_and_keyed_by_seed_and_step():
     seeds = torch.arange(100_000) * 2**40 + 3
     u = row_uniform(seeds, 0)
