@@ -73,32 +73,38 @@ def _blocks(t: int):
     return (slice(i, min(i + SUB_ROWS, t)) for i in range(0, t, SUB_ROWS))
 
 
-def _chunk_log_softmax(u: Tensor, w: Tensor, b: Tensor | None, targets: Tensor, out: Tensor
-                       ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(log p [t, V] in out, log-prob of targets [t], entropy [t])`` of ``u @ w.T + b``, with
-    no other ``[t, V]`` tensor: the log-sum-exp and entropy are taken SUB_ROWS rows at a time."""
+def _chunk_softmax(u: Tensor, w: Tensor, b: Tensor | None, targets: Tensor, out: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(e [t, V] in out, s [t], log-prob of targets [t], entropy [t])`` of the logits ``u @ w.T + b``,
+    with ``e = exp(z - max)`` and ``s = Σ e``, so ``p = e / s``: the logits' gradient then needs one
+    multiply per element, not a second ``exp``. No other ``[t, V]`` tensor: the sums are taken
+    SUB_ROWS rows at a time, through one block-sized buffer."""
     z = torch.mm(u, w.T, out=out) if b is None else torch.addmm(b, u, w.T, out=out)
     m = z.amax(1)
-    log_s, entropy = torch.empty_like(m), torch.empty_like(m)
+    sums, log_s, entropy = torch.empty_like(m), torch.empty_like(m), torch.empty_like(m)
+    picked = z.gather(1, targets.unsqueeze(1)).squeeze(1).sub_(m)
+    e = torch.empty_like(z[:SUB_ROWS])
     for blk in _blocks(z.shape[0]):  # one exp pass for both: s = Σ e^(z-m), a = Σ e^(z-m)·(z-m)
-        shifted = z[blk].sub_(m[blk, None])  # in place: log p = (z - m) - log s below
-        e = shifted.exp()
-        s = e.sum(1)
-        a = torch.bmm(e.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
-        log_s[blk], entropy[blk] = s.log(), s.log() - a / s
-    logp_all = z.sub_(log_s.unsqueeze(1))
-    return logp_all, logp_all.gather(1, targets.unsqueeze(1)).squeeze(1), entropy
+        shifted = z[blk].sub_(m[blk, None])
+        eb = torch.exp(shifted, out=e[:shifted.shape[0]])
+        s = eb.sum(1)
+        a = torch.bmm(eb.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
+        sums[blk], log_s[blk], entropy[blk] = s, s.log(), s.log() - a / s
+        shifted.copy_(eb)
+    return z, sums, picked.sub_(log_s), entropy
 
 
-def _logits_grad_(logp_all: Tensor, coef_a: Tensor, g_ent: Tensor | None) -> Tensor:
-    """``p * (A + B * log p)`` in place of ``log p`` (``B = -g_ent``; the one-hot term is the caller's)."""
-    for blk in _blocks(logp_all.shape[0]):
-        p = logp_all[blk].exp()
-        if g_ent is None:  # no entropy gradient: not one flop of its terms
-            logp_all[blk] = p.mul_(coef_a[blk, None])
-        else:
-            logp_all[blk].mul_(-g_ent[blk, None]).add_(coef_a[blk, None]).mul_(p)
-    return logp_all
+def _logits_grad_(e: Tensor, s: Tensor, coef_a: Tensor, g_ent: Tensor | None) -> Tensor:
+    """``p * (A + B * log p)`` in place of ``e`` (``p = e / s``, ``B = -g_ent``; the one-hot term is
+    the caller's). With ``log p = log e - log s``, the entropy's term is
+    ``(e / s) · g_ent · log s - (g_ent / s) · e log e``, where ``xlogy`` keeps ``0 · log 0`` at 0."""
+    if g_ent is None:  # no entropy gradient: one multiply per element
+        return e.mul_((coef_a / s).unsqueeze(1))
+    scale, ent_scale = (coef_a + g_ent * s.log()) / s, g_ent / s
+    for blk in _blocks(e.shape[0]):
+        e_log_e = torch.xlogy(e[blk], e[blk])
+        e[blk].mul_(scale[blk, None]).sub_(e_log_e.mul_(ent_scale[blk, None]))
+    return e
 
 
 def head_loss_in_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
@@ -151,8 +157,8 @@ def head_loss_in_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
         t = (span.stop - r0) * c
         with torch.no_grad():
             u = h[span].reshape(t, width).to(cdt) * inv_t
-            logp_all, logp, entropy = _chunk_log_softmax(u, w, b, targets[span].reshape(t),
-                                                         flat[:t * w.shape[0]].view(t, -1))
+            e, sums, logp, entropy = _chunk_softmax(u, w, b, targets[span].reshape(t),
+                                                    flat[:t * w.shape[0]].view(t, -1))
         lp = logp.view(-1, c).requires_grad_()
         ent = entropy.view(-1, c).requires_grad_()
         with torch.enable_grad():
@@ -166,7 +172,7 @@ def head_loss_in_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
             g, g_e, coef_a = row_coefficients(None if g_lp is None else g_lp.reshape(t),
                                               None if g_ent is None else g_ent.reshape(t), entropy,
                                               torch.ones(t, dtype=torch.bool, device=h.device), cdt)
-            dz = _logits_grad_(logp_all, coef_a, g_e)
+            dz = _logits_grad_(e, sums, coef_a, g_e)
             dz.scatter_add_(1, targets[span].reshape(t, 1), g.unsqueeze(1))
             if d_h is not None:
                 torch.mm(dz, w, out=d_h[span].view(t, width)).mul_(inv_t)

@@ -78,9 +78,11 @@ def three_row_chunks(monkeypatch):
 
 @pytest.mark.parametrize("policy_loss", POLICY_LOSSES.names())
 @pytest.mark.parametrize("mu_above_one", [False, True])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.05], ids=["no-entropy-bonus", "entropy-bonus"])
 def test_every_policy_loss_matches_the_recompute_path(warm_start_dir, arithmetic_rows, three_row_chunks,
-                                                      policy_loss, mu_above_one):
-    module = _module(warm_start_dir, policy_loss=policy_loss, kl_coef=0.2, entropy_coef=0.05)
+                                                      policy_loss, mu_above_one, entropy_coef):
+    """With and without an entropy bonus: without one, the kernel takes its multiply-only branch."""
+    module = _module(warm_start_dir, policy_loss=policy_loss, kl_coef=0.2, entropy_coef=entropy_coef)
     exp = _experience(module, arithmetic_rows, mu_above_one, kl=True)
     _assert_same(*_both_paths(module, exp), torch.float32)
 
