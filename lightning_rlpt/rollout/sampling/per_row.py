@@ -150,8 +150,6 @@ class RowSampler(LogitsProcessor):
         self.seeds = None if seeds is None else torch.tensor(seeds, dtype=torch.int64)
         self.prompt_width, self.record = prompt_width, record
         self.logprobs: list[torch.Tensor] = []
-        self._picked: torch.Tensor | None = None  # `_one_hot`'s buffer and the tokens it marks
-        self._marked: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         processed = scores.float()
@@ -165,17 +163,4 @@ class RowSampler(LogitsProcessor):
         token, logprob = inverse_cdf(processed, u)
         if self.record:
             self.logprobs.append(logprob)
-        return self._one_hot(processed, token)
-
-    def _one_hot(self, like: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        """0 at ``token``, -inf elsewhere, in one buffer kept across steps: only the last step's
-        marks are reset, O(rows) per step. A fresh ``[rows, vocab]`` tensor per step (64 MB at 512
-        rows × 32k) costs its page faults on CPU every step. generate reads the returned scores
-        with an argmax and keeps none of them (``output_scores`` is refused: `generation_kwargs`)."""
-        buf = self._picked
-        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype or buf.device != like.device:
-            buf = self._picked = torch.full_like(like, float("-inf"))
-        else:
-            buf.scatter_(-1, self._marked, float("-inf"))
-        self._marked = token
-        return buf.scatter_(-1, token, 0.0)
+        return torch.full_like(processed, float("-inf")).scatter_(-1, token, 0.0)

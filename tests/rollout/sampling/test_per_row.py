@@ -53,9 +53,9 @@ def test_a_row_draws_each_step_afresh():
     assert abs(same - expected) < 4 * (expected * (1 - expected) / n) ** 0.5
 
 
-def test_each_step_returns_only_its_own_pick_though_the_scores_buffer_is_reused():
-    """The returned scores are 0 at this step's token and -inf everywhere else, at every step (the
-    buffer kept across steps has the previous marks reset), and a batch of another shape gets its own."""
+def test_each_step_returns_only_its_own_pick():
+    """The returned scores are 0 at this step's token and -inf everywhere else, at every step and
+    for batches of any shape."""
     torch.manual_seed(0)
     sampler = RowSampler(list(range(6)), prompt_width=2, record=True)
     for width, rows in ((2, 6), (3, 6), (4, 6), (5, 6), (2, 4)):
