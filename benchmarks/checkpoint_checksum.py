@@ -19,14 +19,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import tempfile
-import time
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lightning_rlpt.checkpoint import tensor_checksums
+from quiet import median_seconds  # benchmarks/quiet.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -40,15 +39,6 @@ def random_state_dict() -> dict[str, torch.Tensor]:
         model = Qwen2ForCausalLM(Qwen2Config(**QWEN25_05B))
     filled: dict[int, torch.Tensor] = {}
     return {name: filled.setdefault(id(t), torch.randn(t.shape)) for name, t in model.state_dict(keep_vars=True).items()}
-
-
-def median_seconds(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

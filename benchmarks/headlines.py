@@ -20,6 +20,8 @@ sys.path.insert(0, HERE)  # the report modules import their neighbours by name
 import floor as floors  # noqa: E402
 import memory_scaling_report  # noqa: E402
 import rollout_throughput_report  # noqa: E402
+import parts_before_after  # noqa: E402
+import step_before_after  # noqa: E402
 import vs_trl_report  # noqa: E402
 
 ROOT, RESULTS = os.path.dirname(HERE), os.path.join(HERE, "results")
@@ -225,6 +227,27 @@ def rollout_profile_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def step_before_after_block() -> str:
+    """`benchmarks/step_before_after.py`: the step at a commit and now, each side's ratios to the
+    floor at the fp32 peak measured in the same invocation (so on the same host)."""
+    data = load("step_before_after.json")
+    peak, floor_s = max(data["fp32_peak_gflops"]), step_before_after.floors(data)
+    return (f"Measured {data['measured']} on {data['cpu']} ({data['cpus']} cores; fp32 peak {peak:.0f} GFLOP/s, the "
+            f"higher of two readings in this invocation; floors: step {floor_s['step']:.2f} s, rollout "
+            f"{floor_s['rollout']:.2f} s, update {floor_s['update']:.2f} s), medians of {data['reps']} alternating "
+            f"runs per side, each its own "
+            f"process, of {data['steps'] - 1} steps after the first (`{data['command']}`):\n\n"
+            + step_before_after.table(data) + "\n")
+
+
+def parts_before_after_block() -> str:
+    """`benchmarks/parts_before_after.py`: the changed parts of the step, both versions in one process."""
+    data = load("parts_before_after.json")
+    return (f"Measured {data['measured']} on {data['cpu']} ({data['cpus']} cores, {data['threads']} threads), "
+            f"{data['rounds']} alternating rounds, each the median of {data['reps']} calls per version "
+            f"(`{data['command']}`):\n\n" + parts_before_after.table(data) + "\n")
+
+
 def vs_trl_block(phase: str):
     """Renders one throughput phase of vs_trl.json: its table and how it was measured."""
     return lambda: vs_trl_report.throughput_section(load("vs_trl.json")[phase])
@@ -240,6 +263,7 @@ BLOCKS = {README: {"headlines": headlines},
                          "calculator": lambda: f"```\n{calculator_table()}\n```\n",
                          "seed-rollout": seed_rollout_table, "floor": floor_table, "floor-ratios": floor_ratios,
                          "rollout-profile": rollout_profile_table, "inverse-cdf": inverse_cdf_line,
+                         "step-before-after": step_before_after_block, "parts-before-after": parts_before_after_block,
                          "engines": lambda: rollout_throughput_report.table(load("rollout_throughput.json")),
                          "ablations": lambda: ablations("summary"),
                          **{f"vs-trl-{key.replace('_', '-')}": vs_trl_block(f"throughput_{key}")

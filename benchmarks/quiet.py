@@ -147,6 +147,16 @@ def run_json_child(cmd: list[str], label: str, env: dict | None = None) -> dict:
     return repeat_if_disturbed(once, keep=("times", "others_cores"), label=label)
 
 
+def median_seconds(fn, repeats: int) -> float:
+    """The median wall time of ``repeats`` calls of ``fn``."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def write_json(path: str | None, result: dict) -> None:
     """``result`` to ``path`` (indented, newline-terminated), unless ``path`` is None (a quick run)."""
     import json

@@ -7,12 +7,12 @@ aggregation mode is: see `lightning_rlpt.stages.update`), that gradient is known
 chunk's log-probs are. `head_loss_in_forward` walks the rows in chunks and, per chunk:
 
 1. computes the chunk's full-vocabulary logits once (GEMM 1) and from them its log-probs,
-   entropies and softmax;
+   entropies and softmax (kept as ``exp(z - max)`` and its row sums: one ``exp`` per logit);
 2. asks ``chunk_loss`` (the objective, on two small leaf tensors ``[rows, C]``) for its share
    of the loss, and takes that share's gradient with respect to the log-probs and entropies by
    autograd: no objective writes its gradient by hand;
 3. turns it into the logits' gradient in place, ``dz = g * onehot + p * (A + B * log p)``
-   (`kernels.chunked.row_coefficients`),, and forms ``d hidden = dz @ W / T`` (GEMM 2) and
+   (`kernels.chunked.row_coefficients`), and forms ``d hidden = dz @ W / T`` (GEMM 2) and
    ``d W += dz.T @ (h / T)`` (GEMM 3) while the logits are still in memory.
 
 The returned loss carries those gradients through `_Injected`, so ``loss.backward()`` sends

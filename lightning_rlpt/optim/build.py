@@ -3,7 +3,6 @@ checks that turn a wrong callable or an unsupported 8-bit optimizer into a clear
 construction, before any model is rolled out."""
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Callable, Iterable
 
