@@ -32,7 +32,7 @@ from .model.precision import check_cpu_precision, warn_lost_updates
 from .model.reference import build_reference, check_reference_options, park_offloaded
 from .options import (GROUP_ONLY, AgentOptions, CheckpointOptions, LoadingOptions, MemoryOptions, ObjectiveOptions,
                       OptimizationOptions, RewardOptions, ValidationOptions, record_flat, ungroup)
-from .optim import build_optimizer, build_scheduler, check_update_numbers, optimizer_factory, run_steps
+from .optim import build_optimizer, build_scheduler, check_update_numbers, for_precision, optimizer_factory, run_steps
 from .quiet import hide_lightning_tips
 from .requeue import BatchBoundaryRequeue
 from .rewards import RewardFunctions, TrainerState, score_experience
@@ -391,7 +391,7 @@ class RLModule(RefusesTRLNames, MakeExperience, PolicyUpdate, RLHookCaller, L.Li
     def configure_optimizers(self):
         """The optimizer (and scheduler, stepped per optimizer step by `PolicyUpdate`) from the callables."""
         params = self._trainable()
-        optimizer = build_optimizer(self.optimizer_factory, params)
+        optimizer = build_optimizer(for_precision(self.optimizer_factory, self._trainer.precision_plugin), params)
         warn_lost_updates(self._trainer.precision, params, max(group["lr"] for group in optimizer.param_groups))
         scheduler = build_scheduler(self.scheduler_factory, optimizer, run_steps(
             self._trainer, self.hparams.updates_per_rollout, self.hparams.minibatch_size))  # a length left out: the run's

@@ -3,6 +3,7 @@ checks that turn a wrong callable or an unsupported 8-bit optimizer into a clear
 construction, before any model is rolled out."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Iterable
 
@@ -20,7 +21,7 @@ def default_optimizer(lr: float = 1e-6, weight_decay: float = 0.0,
     Fused (``fused=True``: one kernel per dtype and device, no temporaries the size of a
     parameter) wherever every parameter allows it, as transformers' default ``adamw_torch_fused``
     is for TRL (FSDP2's DTensors included: the kernel is pointwise on their shards); otherwise (a
-    device without the kernel) torch's default.
+    device without the kernel, or ``fused=False``: `for_precision`) torch's default.
     The same update either way, up to rounding.
 
     Examples:
@@ -28,12 +29,23 @@ def default_optimizer(lr: float = 1e-6, weight_decay: float = 0.0,
         >>> adamw.defaults["lr"], adamw.defaults["fused"]
         (3e-05, True)
     """
-    def adamw(params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def adamw(params: Iterable[torch.nn.Parameter], fused: bool | None = None) -> torch.optim.Optimizer:
         params = list(params)
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas),
-                                 fused=fusable(params) or None)
+        fused = fusable(params) if fused is None else fused
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=fused or None)
 
+    adamw.is_default = True
     return adamw
+
+
+def for_precision(factory: OptimizerFactory, precision_plugin: Any) -> OptimizerFactory:
+    """``factory``, with the default AdamW unfused under Lightning's ``MixedPrecision`` plugin
+    (``16-mixed``, ``bf16-mixed``): it refuses gradient clipping with an optimizer that unscales
+    its own gradients, as fused AdamW does. A user's own factory is left as it is."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    if getattr(factory, "is_default", False) and isinstance(precision_plugin, MixedPrecision):
+        return functools.partial(factory, fused=False)
+    return factory
 
 
 def fusable(params: list[torch.nn.Parameter]) -> bool:

@@ -110,7 +110,9 @@ def test_the_default_adamw_is_fused_as_transformers_default_is_and_steps_as_the_
     take (``meta``, as at construction) get torch's default instead."""
     from transformers import TrainingArguments
 
-    from lightning_rlpt.optim import default_optimizer
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    from lightning_rlpt.optim import default_optimizer, for_precision
 
     assert TrainingArguments(output_dir=str(tmp_path)).optim == "adamw_torch_fused"
     module = _module(warm_start_dir, lr=1e-3)
@@ -130,6 +132,13 @@ def test_the_default_adamw_is_fused_as_transformers_default_is_and_steps_as_the_
             opt.step()
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
     assert default_optimizer()([torch.nn.Parameter(torch.zeros(2, device="meta"))]).defaults["fused"] is None
+    # Lightning's MixedPrecision refuses gradient clipping with a fused optimizer: unfused there (a bf16-mixed fit
+    # with clipping: tests/model/test_precision.py); a user's own factory is never changed
+    mixed, params = MixedPrecision("bf16-mixed", "cpu"), [torch.nn.Parameter(torch.zeros(2))]
+    assert for_precision(default_optimizer(), mixed)(params).defaults["fused"] is None
+    assert for_precision(default_optimizer(), Precision())(params).defaults["fused"] is True
+    own = functools.partial(torch.optim.AdamW, fused=True)
+    assert for_precision(own, mixed) is own
 
 
 def test_bitsandbytes_8bit_adamw_trains_on_cpu(warm_start_dir, arithmetic_rows):
