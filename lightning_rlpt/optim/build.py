@@ -25,17 +25,19 @@ def default_optimizer(lr: float = 1e-6, weight_decay: float = 0.0,
     The same update either way, up to rounding.
 
     Examples:
-        >>> adamw = default_optimizer(lr=3e-5)([torch.nn.Parameter(torch.zeros(1))])
-        >>> adamw.defaults["lr"], adamw.defaults["fused"]
+        >>> opt = default_optimizer(lr=3e-5)([torch.nn.Parameter(torch.zeros(1))])
+        >>> opt.defaults["lr"], opt.defaults["fused"]
         (3e-05, True)
     """
-    def adamw(params: Iterable[torch.nn.Parameter], fused: bool | None = None) -> torch.optim.Optimizer:
-        params = list(params)
-        fused = fusable(params) if fused is None else fused
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=fused or None)
+    # a partial of a module-level function, as before: it pickles (ddp_spawn, deepcopy)
+    return functools.partial(adamw, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
 
-    adamw.is_default = True
-    return adamw
+
+def adamw(params: Iterable[torch.nn.Parameter], fused: bool | None = None, **kwargs: Any) -> torch.optim.Optimizer:
+    """`default_optimizer`'s AdamW: fused when ``fused`` is None and `fusable` says so."""
+    params = list(params)
+    fused = fusable(params) if fused is None else fused
+    return torch.optim.AdamW(params, fused=fused or None, **kwargs)
 
 
 def for_precision(factory: OptimizerFactory, precision_plugin: Any) -> OptimizerFactory:
@@ -43,7 +45,7 @@ def for_precision(factory: OptimizerFactory, precision_plugin: Any) -> Optimizer
     (``16-mixed``, ``bf16-mixed``): it refuses gradient clipping with an optimizer that unscales
     its own gradients, as fused AdamW does. A user's own factory is left as it is."""
     from lightning.pytorch.plugins.precision import MixedPrecision
-    if getattr(factory, "is_default", False) and isinstance(precision_plugin, MixedPrecision):
+    if getattr(factory, "func", None) is adamw and isinstance(precision_plugin, MixedPrecision):
         return functools.partial(factory, fused=False)
     return factory
 

@@ -4,6 +4,7 @@ the learning rate move the weights twice as far; the scheduler steps once per op
 resumes exactly), bitsandbytes' 8-bit AdamW training on CPU, and every bad input refused at
 construction or fit start, before a rollout. The CLI's schedule is checked in tests/cli/test_cli.py."""
 import functools
+import pickle
 
 import pytest
 import torch
@@ -139,6 +140,8 @@ def test_the_default_adamw_is_fused_as_transformers_default_is_and_steps_as_the_
     assert for_precision(default_optimizer(), Precision())(params).defaults["fused"] is True
     own = functools.partial(torch.optim.AdamW, fused=True)
     assert for_precision(own, mixed) is own
+    # it pickles, as the partial it replaced did (ddp_spawn pickles the module and its factory)
+    assert pickle.loads(pickle.dumps(for_precision(default_optimizer(), mixed)))(params).defaults["fused"] is None
 
 
 def test_bitsandbytes_8bit_adamw_trains_on_cpu(warm_start_dir, arithmetic_rows):
