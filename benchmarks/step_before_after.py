@@ -30,31 +30,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import floor  # noqa: E402  (benchmarks/floor.py)
-from quiet import add_idle_args, cpu_info, repeat_if_disturbed, run_measured, set_idle  # noqa: E402
+import vs_trl  # noqa: E402
+from quiet import add_idle_args, cpu_info, set_idle  # noqa: E402
 from seed_per_prompt_rollout import extract  # noqa: E402
 
 PARTS = ("step", "rollout", "sync", "rest")
 
 
 def run_side(tree: str, engine: str, steps: int) -> dict:
-    """One vs_trl worker run of ``engine`` importing the library from ``tree``."""
-    def once():
-        out = tempfile.mktemp(suffix=".json")
-        env = {**os.environ, "PYTHONPATH": tree, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-               "TOKENIZERS_PARALLELISM": "false"}
-        cmd = [sys.executable, os.path.join(HERE, "vs_trl.py"), "--worker", engine, "--mode", "throughput",
-               "--size", "vocab32k", "--steps", str(steps), "--eval-every", "0", "--out", out, "--precision", "fp32"]
-        proc, seen = run_measured(cmd, env)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{engine} run from {tree} failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            result = json.load(f)
-        os.remove(out)
-        return {"step": result["median_step_s"], **result["profile"], "peak_rss_mb": result["peak_rss_mb"], **seen}
-    return repeat_if_disturbed(once, keep=("step", "others_cores"), label=engine)
+    """One vs_trl worker run of ``engine`` importing the library from ``tree``: its median step and parts."""
+    r = vs_trl.launch(engine, "throughput", steps, 0, size="vocab32k", precision="fp32", library=tree)
+    return {"step": r["median_step_s"], **r["profile"], "peak_rss_mb": r["peak_rss_mb"], "wall_s": r["process_wall_s"],
+            **{k: r[k] for k in ("waited_s", "busy_before", "others_cores", "discarded")}}
 
 
 def summary(runs: list[dict]) -> dict:
+    """A side's medians over its runs (computed when rendered: the JSON keeps the runs)."""
     return {k: statistics.median(r[k] for r in runs) for k in (*PARTS, "peak_rss_mb")}
 
 
@@ -92,7 +83,7 @@ def main() -> None:
                   cpu=cpu_info()["model"], cpus=os.cpu_count(), fp32_peak_gflops=[x / 1e9 for x in peaks],
                   steps=args.steps, reps=args.reps,
                   command=" ".join(["python", "benchmarks/step_before_after.py", *sys.argv[1:]]),
-                  engines={e: {side: {"runs": rs, **summary(rs)} for side, rs in sides.items()}
+                  engines={e: {side: {"runs": rs} for side, rs in sides.items()}
                            for e, sides in runs.items()})
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
@@ -107,10 +98,12 @@ def table(result: dict) -> str:
     names = {"hf": "HF engine", "vllm": "`VLLMRollout`"}
     fl = floors(result)
     for engine, sides in result["engines"].items():
-        for side, s in sides.items():
+        for side, kept in sides.items():
+            s = summary(kept["runs"])
             label = f"before ({result['before_commit']})" if side == "before" else "after"
-            x = {"step": s["step"] / fl["step"], "rollout": s["rollout"] / fl["rollout"], "update": s["rest"] / fl["update"]}
-            spread = "–".join(f"{f(r['step'] for r in s['runs']):.2f}" for f in (min, max))
+            x = {"step": s["step"] / fl["step"], "rollout": s["rollout"] / fl["rollout"],
+                 "update": s["rest"] / fl["update"]}
+            spread = "–".join(f"{f(r['step'] for r in kept['runs']):.2f}" for f in (min, max))
             lines.append(f"| {names.get(engine, engine)} | {label} | {s['step']:.2f} | {spread} | {x['step']:.1f}× | "
                          f"{s['rollout']:.2f} | {x['rollout']:.1f}× | {s['rest']:.2f} | {x['update']:.1f}× | "
                          f"{s['peak_rss_mb']:.0f} |")

@@ -293,16 +293,18 @@ def worker(engine: str, mode: str, size: str, steps: int, eval_every: int, out: 
 
 
 def launch(engine: str, mode: str, steps: int, eval_every: int, size: str = "small", allow_fail: bool = False,
-           precision: str = "fp32") -> dict:
-    """One run in its own process, repeated when other processes disturbed it (`quiet`)."""
-    return repeat_if_disturbed(lambda: _launch_once(engine, mode, steps, eval_every, size, allow_fail, precision),
-                               keep=("median_step_s", "wall_s", "startup_s", "others_cores"), label=engine)
+           precision: str = "fp32", library: str | None = None) -> dict:
+    """One run in its own process, repeated when other processes disturbed it (`quiet`); ``library``: a
+    tree whose ``lightning_rlpt`` it imports (`step_before_after.py`), else the installed one."""
+    once = lambda: _launch_once(engine, mode, steps, eval_every, size, allow_fail, precision, library)  # noqa: E731
+    return repeat_if_disturbed(once, keep=("median_step_s", "wall_s", "startup_s", "others_cores"), label=engine)
 
 
 def _launch_once(engine: str, mode: str, steps: int, eval_every: int, size: str, allow_fail: bool,
-                 precision: str = "fp32") -> dict:
+                 precision: str = "fp32", library: str | None = None) -> dict:
     out = tempfile.mktemp(suffix=".json")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
+           **({"PYTHONPATH": library} if library else {})}
     cmd = [sys.executable, __file__, "--worker", engine, "--mode", mode, "--size", size, "--steps", str(steps),
            "--eval-every", str(eval_every), "--out", out, "--precision", precision]
     proc, seen = run_measured(cmd, env)

@@ -89,7 +89,8 @@ def _chunk_softmax(u: Tensor, w: Tensor, b: Tensor | None, targets: Tensor, out:
         eb = torch.exp(shifted, out=e[:shifted.shape[0]])
         s = eb.sum(1)
         a = torch.bmm(eb.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
-        sums[blk], log_s[blk], entropy[blk] = s, s.log(), s.log() - a / s
+        sums[blk], log_s[blk] = s, s.log()
+        entropy[blk] = log_s[blk] - a / s
         shifted.copy_(eb)
     return z, sums, picked.sub_(log_s), entropy
 
